@@ -1,0 +1,174 @@
+"""Register polls and firmware mailboxes (the SMU/PSP request/response shape).
+
+A mailbox is three registers: the host clears the response register, writes the argument, writes
+the message id, then waits for firmware to put a response code in the response register. Sends
+are serialised per mailbox (the registers are shared state). A response that is not success raises
+:class:`~aio_runtime.errors.FirmwareError` as soon as it is read — the firmware has answered, so
+there is nothing left to wait for — and no response within the timeout raises
+:class:`~aio_runtime.errors.FirmwareTimeout`.
+
+Registers are reached through a :class:`RegisterFile`: async reads and writes, because over a
+USB-PCIe bridge every register access is itself a transfer. :class:`MemoryRegisters` backs one with
+a plain array (simulators, tests, memory-mapped BARs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import numpy as np
+
+from .errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
+from .waits import DEFAULT_POLICY, PollPolicy, wait_until
+
+__all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
+
+_MASK32 = 0xFFFFFFFF
+
+
+class RegisterFile(Protocol):
+    """32-bit registers addressed by index."""
+
+    async def read(self, index: int) -> int: ...
+
+    async def write(self, index: int, value: int) -> None: ...
+
+
+class MemoryRegisters:
+    """A :class:`RegisterFile` over a uint32 array that someone else (firmware, a simulator) also uses."""
+
+    def __init__(self, words: np.ndarray | int) -> None:
+        array = np.zeros(words, dtype=np.uint32) if isinstance(words, int) else words
+        if array.dtype != np.uint32 or array.ndim != 1:
+            raise ValueError(f"expected a 1-D uint32 array, got {array.dtype} with shape {array.shape}")
+        self.words = array
+
+    def _check(self, index: int) -> None:
+        if not 0 <= index < len(self.words):
+            raise IndexError(f"register index {index} outside 0..{len(self.words) - 1}")
+
+    async def read(self, index: int) -> int:
+        self._check(index)
+        return int(self.words[index])
+
+    async def write(self, index: int, value: int) -> None:
+        self._check(index)
+        if not 0 <= value <= _MASK32:
+            raise ValueError(f"register value must fit in 32 bits, got {value!r}")
+        self.words[index] = value
+
+
+async def wait_register(
+    registers: RegisterFile,
+    index: int,
+    *,
+    mask: int = _MASK32,
+    value: int,
+    awaited: str,
+    timeout: float | None = None,
+    error: type[HardwareTimeout] = FirmwareTimeout,
+    layer: Layer | None = None,
+    policy: PollPolicy = DEFAULT_POLICY,
+) -> int:
+    """Poll a register until ``(register & mask) == value``; return the full register value."""
+    return await wait_until(
+        lambda: registers.read(index),
+        lambda v: (v & mask) == value,
+        awaited=awaited,
+        error=error,
+        timeout=timeout,
+        layer=layer,
+        expected=value,
+        policy=policy,
+    )
+
+
+@dataclass(frozen=True)
+class MailboxLayout:
+    """Register indices of one mailbox."""
+
+    message: int
+    argument: int
+    response: int
+
+
+class Mailbox:
+    """Request/response over registers, one request at a time.
+
+    ``success`` is the response code that means OK; ``pending`` is what the host writes into the
+    response register before a request (and what firmware leaves there until it answers).
+    ``codes`` names response codes for error messages. ``timeout`` is the default response timeout
+    of :meth:`send`.
+    """
+
+    def __init__(
+        self,
+        registers: RegisterFile,
+        layout: MailboxLayout,
+        *,
+        name: str,
+        timeout: float,
+        success: int = 1,
+        pending: int = 0,
+        codes: Mapping[int, str] | None = None,
+        layer: Layer = Layer.FIRMWARE,
+        policy: PollPolicy = DEFAULT_POLICY,
+    ) -> None:
+        if success == pending:
+            raise ValueError("the success code must differ from the pending code")
+        self.registers = registers
+        self.layout = layout
+        self.name = name
+        self.timeout = timeout
+        self.success = success
+        self.pending = pending
+        self.codes = dict(codes or {})
+        self.layer = layer
+        self.policy = policy
+        self._lock = anyio.Lock()
+
+    def describe(self, code: int) -> str:
+        return f"0x{code:x} ({self.codes[code]})" if code in self.codes else f"0x{code:x}"
+
+    async def send(
+        self,
+        message: int,
+        argument: int = 0,
+        *,
+        timeout: float | None = None,
+        read_argument: bool = False,
+    ) -> int:
+        """Send ``message`` with ``argument`` and wait for success.
+
+        Returns the argument register read back when ``read_argument`` (firmware replies there),
+        else the response code. Raises :class:`FirmwareError` for any other response code, at once.
+        """
+        awaited = f"{self.name} mailbox response to message 0x{message:x} (argument 0x{argument:x})"
+        async with self._lock:
+            await self.registers.write(self.layout.response, self.pending)
+            await self.registers.write(self.layout.argument, argument)
+            await self.registers.write(self.layout.message, message)
+            response = await wait_until(
+                lambda: self.registers.read(self.layout.response),
+                lambda v: v != self.pending,
+                awaited=awaited,
+                error=FirmwareTimeout,
+                timeout=self.timeout if timeout is None else timeout,
+                layer=self.layer,
+                expected=self.success,
+                policy=self.policy,
+            )
+            if response != self.success:
+                raise FirmwareError(
+                    f"{awaited}: firmware answered {self.describe(response)}, "
+                    f"expected {self.describe(self.success)}",
+                    code=response,
+                    awaited=awaited,
+                    layer=self.layer,
+                )
+            if read_argument:
+                return await self.registers.read(self.layout.argument)
+            return response

@@ -1,0 +1,228 @@
+"""Who owns what: a ledger of live resources, and staged acquisition with complete rollback.
+
+:class:`Stages` acquires resources one stage after another (reserve address space, allocate
+memory, map it, register it…). If a later stage fails, the earlier ones are released in reverse
+order — all of them, even when one release fails — and every release failure is reported
+(:class:`~aio_runtime.errors.RollbackFailed`). Releases run shielded from cancellation and under
+their own deadline, so a frame whose budget ran out still cleans up, and a hung release cannot hang
+the caller.
+
+Every stage and every allocation is recorded in the current :class:`Ledger` while it is live; tests
+assert the ledger empty after a fault to prove nothing leaked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import itertools
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TypeVar
+
+import anyio
+
+from .clock import deadline_scope
+from .errors import RollbackFailed
+
+__all__ = ["Ledger", "LedgerEntry", "Owned", "Stages", "current_ledger", "use_ledger"]
+
+T = TypeVar("T")
+Release = Callable[[], object]
+"""A release function: returns None or an awaitable."""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    id: int
+    kind: str
+    description: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.description}"
+
+
+class Ledger:
+    """A record of live resources (transfers, allocations, mappings, acquired stages)."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._live: dict[int, LedgerEntry] = {}
+
+    def open(self, kind: str, description: str) -> LedgerEntry:
+        entry = LedgerEntry(next(self._ids), kind, description)
+        self._live[entry.id] = entry
+        return entry
+
+    def close(self, entry: LedgerEntry) -> None:
+        if self._live.pop(entry.id, None) is None:
+            raise ValueError(f"ledger entry {entry} is not live (released twice?)")
+
+    def live(self) -> list[LedgerEntry]:
+        return list(self._live.values())
+
+    def assert_empty(self) -> None:
+        """Raise :class:`AssertionError` listing every live resource, if any."""
+        if self._live:
+            listing = "; ".join(str(entry) for entry in self._live.values())
+            raise AssertionError(f"{len(self._live)} resource(s) still live: {listing}")
+
+
+_ledger: contextvars.ContextVar[Ledger] = contextvars.ContextVar("aio_runtime_ledger")
+_process_ledger = Ledger()
+
+
+def current_ledger() -> Ledger:
+    """The ledger new resources are recorded in (the process-wide one unless :func:`use_ledger`)."""
+    return _ledger.get(_process_ledger)
+
+
+def _swap_process_ledger(ledger: Ledger) -> Ledger:
+    """Replace the process-wide ledger (the pytest ``ledger`` fixture); returns the previous one."""
+    global _process_ledger
+    previous, _process_ledger = _process_ledger, ledger
+    return previous
+
+
+@contextlib.contextmanager
+def use_ledger(ledger: Ledger) -> Iterator[Ledger]:
+    """Record resources created inside the block (and tasks started from it) in ``ledger``."""
+    token = _ledger.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _ledger.reset(token)
+
+
+@dataclass
+class _Stage:
+    label: str
+    release: Release
+    entry: LedgerEntry
+
+
+async def _release_all(
+    name: str, stages: list[_Stage], ledger: Ledger, cleanup_timeout: float
+) -> list[Exception]:
+    """Release ``stages`` last-first; attempt every one; return the failures."""
+    failures: list[Exception] = []
+    for stage in reversed(stages):
+        try:
+            with anyio.CancelScope(shield=True), deadline_scope(
+                cleanup_timeout, name=f"release {stage.label!r} of {name!r}", detached=True
+            ), anyio.move_on_after(cleanup_timeout) as scope:
+                result = stage.release()
+                if inspect.isawaitable(result):
+                    await result
+            if scope.cancelled_caught:
+                failures.append(
+                    TimeoutError(f"releasing {stage.label!r} of {name!r} took over {cleanup_timeout} s")
+                )
+        except Exception as exc:
+            exc.add_note(f"while releasing {stage.label!r} of {name!r}")
+            failures.append(exc)
+        finally:
+            ledger.close(stage.entry)
+    stages.clear()
+    return failures
+
+
+class Owned:
+    """Resources handed over by :meth:`Stages.commit`; :meth:`release` frees them in reverse order."""
+
+    def __init__(self, name: str, stages: list[_Stage], ledger: Ledger, cleanup_timeout: float):
+        self.name = name
+        self._stages = stages
+        self._ledger = ledger
+        self._cleanup_timeout = cleanup_timeout
+
+    @property
+    def released(self) -> bool:
+        return not self._stages
+
+    async def release(self) -> None:
+        """Release everything (at most once); raises :class:`RollbackFailed` listing any failures."""
+        failures = await _release_all(self.name, self._stages, self._ledger, self._cleanup_timeout)
+        if failures:
+            raise RollbackFailed(f"releasing {self.name!r}: {len(failures)} release(s) failed", failures)
+
+
+class Stages:
+    """Staged acquisition with rollback::
+
+        async with Stages("buffer 3") as stages:
+            va = await stages.acquire(lambda: va_space.alloc(size), va_space.free, label="va")
+            pa = await stages.acquire(lambda: vram.alloc(size), vram.free, label="vram")
+            await stages.acquire(lambda: map_range(va, pa), lambda _: unmap_range(va), label="map")
+            buffer = Buffer(va, pa, owner=stages.commit())
+
+    If the block raises, every acquired stage is released (reverse order) and the exception
+    propagates unchanged — or, if some release failed too, as :class:`RollbackFailed` holding the
+    original exception first and then each release failure. A block that ends without
+    :meth:`commit` releases its stages as well: uncommitted resources never outlive the block.
+    """
+
+    def __init__(self, name: str, *, cleanup_timeout: float = 5.0, ledger: Ledger | None = None):
+        self.name = name
+        self.cleanup_timeout = cleanup_timeout
+        self._ledger = ledger if ledger is not None else current_ledger()
+        self._stages: list[_Stage] = []
+        self._committed = False
+
+    async def acquire(
+        self,
+        acquire: Callable[[], T] | Callable[[], Awaitable[T]],
+        release: Callable[[T], object],
+        *,
+        label: str,
+    ) -> T:
+        """Run ``acquire`` and remember ``release(result)`` for rollback."""
+        self._check_open()
+        result = acquire()
+        if inspect.isawaitable(result):
+            result = await result
+        resource: T = result  # type: ignore[assignment]
+        self.add(lambda: release(resource), label=label)
+        return resource
+
+    def add(self, release: Release, *, label: str) -> None:
+        """Remember an already-acquired resource's ``release`` for rollback."""
+        self._check_open()
+        self._stages.append(_Stage(label, release, self._ledger.open("stage", f"{self.name}/{label}")))
+
+    def commit(self) -> Owned:
+        """Hand every acquired stage to the caller; the block will no longer release them."""
+        self._check_open()
+        self._committed = True
+        owned = Owned(self.name, list(self._stages), self._ledger, self.cleanup_timeout)
+        self._stages.clear()
+        return owned
+
+    def _check_open(self) -> None:
+        if self._committed:
+            raise RuntimeError(f"stages {self.name!r} already committed")
+
+    async def __aenter__(self) -> Stages:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        failures = await _release_all(self.name, self._stages, self._ledger, self.cleanup_timeout)
+        if not failures:
+            return
+        if exc is None:
+            raise RollbackFailed(f"releasing {self.name!r}: {len(failures)} release(s) failed", failures)
+        if isinstance(exc, Exception):
+            raise RollbackFailed(
+                f"acquiring {self.name!r} failed and {len(failures)} release(s) failed during rollback",
+                [exc, *failures],
+            ) from None
+        # Cancellation or interpreter exit: let it propagate, but do not lose the release failures.
+        for failure in failures:
+            exc.add_note(f"rollback of {self.name!r} also failed: {failure!r}")

@@ -1,0 +1,27 @@
+"""Test helpers for code built on the runtime — public API, like ``structlog.testing``.
+
+* :func:`virtual_time` — a virtual clock for the running loop (asyncio or trio), so hardware
+  timeouts of many seconds are tested in milliseconds, deterministically.
+* :class:`ScriptedProbe`, :func:`play_script`, :class:`ScriptedFirmware`, :class:`Reply` —
+  hardware that completes late, never, or partly, on a script.
+* :class:`TransitionRecorder` — every availability transition, in order.
+* :func:`capture_logs` — structlog events as dicts, context included.
+
+The pytest plugin (registered as ``aio_runtime``) adds the fixtures ``ledger`` (a fresh resource
+ledger, asserted empty at teardown) and ``captured_logs``.
+"""
+
+from ._recorder import TransitionRecorder, capture_logs
+from ._scripted import Reply, ScriptedFirmware, ScriptedProbe, play_script
+from ._virtual_time import VirtualClock, virtual_time
+
+__all__ = [
+    "Reply",
+    "ScriptedFirmware",
+    "ScriptedProbe",
+    "TransitionRecorder",
+    "VirtualClock",
+    "capture_logs",
+    "play_script",
+    "virtual_time",
+]

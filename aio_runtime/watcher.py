@@ -1,0 +1,229 @@
+"""Off-loop probing of memory words: one watcher thread per memory domain.
+
+A device writes a completion value into memory with a plain store; nothing wakes the host. Probing
+that word from the event loop costs at least a millisecond per read once the loop sleeps (asyncio
+rounds its timers to milliseconds). A :class:`MemoryWatcher` instead probes every pending watch of one
+memory domain (one device's signal page, say) from a single thread, every ``interval`` seconds,
+and hands a satisfied watch back to its task with the loop's thread-safe call (asyncio's
+``call_soon_threadsafe``, trio's ``run_sync_soon``). With no pending watch the thread blocks on a
+condition variable and costs nothing.
+
+Use it through :func:`aio_runtime.wait_until` (``watcher=...``) or a
+:class:`~aio_runtime.signals.TimelineSignal` built with one; both remove the watch when the wait
+ends for any reason. Virtual time does not reach this thread: under a virtual clock, probe on the
+loop (the default) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio.lowlevel
+
+from .clock import now
+from .waits import Completion
+
+__all__ = ["MemoryWatcher", "Watch", "WatcherStatistics"]
+
+T = TypeVar("T")
+Wake = Callable[[Callable[[], object]], object]
+
+_PR_SET_TIMERSLACK = 29
+
+
+def _current_wake() -> Wake:
+    """The running loop's thread-safe "call this soon on the loop" function."""
+    native = anyio.lowlevel.current_token().native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        return native.call_soon_threadsafe
+    run_sync_soon: Wake | None = getattr(native, "run_sync_soon", None)
+    if run_sync_soon is None:
+        raise RuntimeError(f"no thread-safe wake-up for event loop token {native!r}")
+    return run_sync_soon
+
+
+def _tighten_timer_slack() -> None:
+    """Ask Linux for 1 µs timer slack on this thread (default 50 µs) so short sleeps are short."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return
+    try:
+        ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
+class Watch(Generic[T]):
+    """One pending wait on a watcher. Created by :meth:`MemoryWatcher.watch` on the loop thread."""
+
+    def __init__(
+        self,
+        watcher: MemoryWatcher,
+        probe: Callable[[], T],
+        predicate: Callable[[T], bool],
+        track_progress: bool,
+    ) -> None:
+        self._watcher = watcher
+        self.probe = probe
+        self.predicate = predicate
+        self.track_progress = track_progress
+        self._wake = _current_wake()
+        self._completion: Completion[T] = Completion()
+        self.last_value: object = None
+        self.last_change: float | None = None
+        """Loop time at which the watcher last saw the value change (only with track_progress)."""
+
+    async def wait(self) -> T:
+        return await self._completion.wait()
+
+    def cancel(self) -> None:
+        """Stop watching; safe to call more than once and after completion."""
+        self._watcher._discard(self)
+
+    # Called on the watcher thread.
+    def _deliver(self, fn: Callable[[], object]) -> None:
+        try:
+            self._wake(fn)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    # Called on the loop thread (through _deliver).
+    def _finish(self, value: T) -> None:
+        if not self._completion.done():
+            self._completion.set_result(value)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._completion.done():
+            self._completion.set_exception(exc)
+
+    def _note_progress(self) -> None:
+        self.last_change = now()
+
+
+@dataclass(frozen=True)
+class WatcherStatistics:
+    pending: int
+    completed: int
+    sweeps: int
+    running: bool
+
+
+class MemoryWatcher:
+    """Probes the pending watches of one memory domain from one thread.
+
+    ``interval`` is the time between sweeps over all pending watches: it bounds the detection
+    latency added by the watcher, and sets its CPU cost while something is pending. The thread
+    starts on the first watch and stops on :meth:`close` (or leaving the ``with`` block).
+    """
+
+    def __init__(self, name: str, *, interval: float = 50e-6) -> None:
+        if not (interval > 0 and interval < 1.0):
+            raise ValueError(f"interval must be in (0, 1) seconds, got {interval!r}")
+        self.name = name
+        self.interval = interval
+        self._cond = threading.Condition()
+        self._watches: dict[int, Watch[Any]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._completed = 0
+        self._sweeps = 0
+
+    def __enter__(self) -> MemoryWatcher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def watch(
+        self,
+        probe: Callable[[], T],
+        predicate: Callable[[T], bool],
+        *,
+        track_progress: bool = False,
+    ) -> Watch[T]:
+        """Start watching; must be called from a task on the event loop that will await it."""
+        watch = Watch(self, probe, predicate, track_progress)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"memory watcher {self.name!r} is closed")
+            self._watches[id(watch)] = watch
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"memory-watcher-{self.name}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return watch
+
+    def statistics(self) -> WatcherStatistics:
+        with self._cond:
+            return WatcherStatistics(
+                pending=len(self._watches),
+                completed=self._completed,
+                sweeps=self._sweeps,
+                running=self._thread is not None and self._thread.is_alive(),
+            )
+
+    def close(self) -> None:
+        """Stop the thread. Pending watches are dropped; their waits time out as usual."""
+        with self._cond:
+            self._closed = True
+            self._watches.clear()
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+
+    def _discard(self, watch: Watch[Any]) -> None:
+        with self._cond:
+            self._watches.pop(id(watch), None)
+
+    def _run(self) -> None:
+        _tighten_timer_slack()
+        while True:
+            with self._cond:
+                while not self._watches and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                pending = list(self._watches.values())
+                self._sweeps += 1
+            for watch in pending:
+                self._sweep_one(watch)
+            time.sleep(self.interval)
+
+    def _sweep_one(self, watch: Watch[Any]) -> None:
+        try:
+            value = watch.probe()
+            satisfied = watch.predicate(value)
+        except Exception as exc:  # a broken probe fails its waiter instead of the watcher
+            if self._take(watch):
+                watch._deliver(lambda: watch._fail(exc))
+            return
+        if satisfied:
+            if self._take(watch):
+                watch._deliver(lambda: watch._finish(value))
+            return
+        if value != watch.last_value:
+            changed = watch.last_value is not None
+            watch.last_value = value
+            if changed and watch.track_progress:
+                watch._deliver(watch._note_progress)
+
+    def _take(self, watch: Watch[Any]) -> bool:
+        """Remove a watch that is about to be delivered; False if it was cancelled meanwhile."""
+        with self._cond:
+            if self._watches.pop(id(watch), None) is None:
+                return False
+            self._completed += 1
+            return True
