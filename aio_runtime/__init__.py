@@ -40,7 +40,15 @@ from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait
 from .ownership import Ledger, LedgerEntry, Owned, Stages, current_ledger, use_ledger
 from .signals import Fence, TimelineSignal
 from .supervision import Backoff, Supervisor, SupervisorStatistics
-from .waits import DEFAULT_POLICY, Completion, PollPolicy, Waitable, pause, wait_complete, wait_until
+from .waits import (
+    DEFAULT_POLICY,
+    Completion,
+    PollPolicy,
+    Waitable,
+    pause,
+    wait_complete,
+    wait_until,
+)
 from .watcher import MemoryWatcher, Watch, WatcherStatistics
 
 __all__ = [

@@ -41,7 +41,9 @@ def validate_timeout(timeout: float | None, *, what: str = "timeout") -> float |
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, got {type(timeout).__name__}")
     if math.isnan(timeout) or timeout < 0 or math.isinf(timeout):
-        raise ValueError(f"{what} must be a finite, non-negative number of seconds, got {timeout!r}")
+        raise ValueError(
+            f"{what} must be a finite, non-negative number of seconds, got {timeout!r}"
+        )
     return float(timeout)
 
 

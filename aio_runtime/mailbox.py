@@ -43,7 +43,9 @@ class MemoryRegisters:
     def __init__(self, words: np.ndarray | int) -> None:
         array = np.zeros(words, dtype=np.uint32) if isinstance(words, int) else words
         if array.dtype != np.uint32 or array.ndim != 1:
-            raise ValueError(f"expected a 1-D uint32 array, got {array.dtype} with shape {array.shape}")
+            raise ValueError(
+                f"expected a 1-D uint32 array, got {array.dtype} with shape {array.shape}"
+            )
         self.words = array
 
     def _check(self, index: int) -> None:

@@ -110,15 +110,21 @@ async def _release_all(
     failures: list[Exception] = []
     for stage in reversed(stages):
         try:
-            with anyio.CancelScope(shield=True), deadline_scope(
-                cleanup_timeout, name=f"release {stage.label!r} of {name!r}", detached=True
-            ), anyio.move_on_after(cleanup_timeout) as scope:
+            with (
+                anyio.CancelScope(shield=True),
+                deadline_scope(
+                    cleanup_timeout, name=f"release {stage.label!r} of {name!r}", detached=True
+                ),
+                anyio.move_on_after(cleanup_timeout) as scope,
+            ):
                 result = stage.release()
                 if inspect.isawaitable(result):
                     await result
             if scope.cancelled_caught:
                 failures.append(
-                    TimeoutError(f"releasing {stage.label!r} of {name!r} took over {cleanup_timeout} s")
+                    TimeoutError(
+                        f"releasing {stage.label!r} of {name!r} took over {cleanup_timeout} s"
+                    )
                 )
         except Exception as exc:
             exc.add_note(f"while releasing {stage.label!r} of {name!r}")
@@ -146,7 +152,9 @@ class Owned:
         """Release everything (at most once); raises :class:`RollbackFailed` listing any failures."""
         failures = await _release_all(self.name, self._stages, self._ledger, self._cleanup_timeout)
         if failures:
-            raise RollbackFailed(f"releasing {self.name!r}: {len(failures)} release(s) failed", failures)
+            raise RollbackFailed(
+                f"releasing {self.name!r}: {len(failures)} release(s) failed", failures
+            )
 
 
 class Stages:
@@ -183,14 +191,16 @@ class Stages:
         result = acquire()
         if inspect.isawaitable(result):
             result = await result
-        resource: T = result  # type: ignore[assignment]
+        resource: T = result
         self.add(lambda: release(resource), label=label)
         return resource
 
     def add(self, release: Release, *, label: str) -> None:
         """Remember an already-acquired resource's ``release`` for rollback."""
         self._check_open()
-        self._stages.append(_Stage(label, release, self._ledger.open("stage", f"{self.name}/{label}")))
+        self._stages.append(
+            _Stage(label, release, self._ledger.open("stage", f"{self.name}/{label}"))
+        )
 
     def commit(self) -> Owned:
         """Hand every acquired stage to the caller; the block will no longer release them."""
@@ -217,7 +227,9 @@ class Stages:
         if not failures:
             return
         if exc is None:
-            raise RollbackFailed(f"releasing {self.name!r}: {len(failures)} release(s) failed", failures)
+            raise RollbackFailed(
+                f"releasing {self.name!r}: {len(failures)} release(s) failed", failures
+            )
         if isinstance(exc, Exception):
             raise RollbackFailed(
                 f"acquiring {self.name!r} failed and {len(failures)} release(s) failed during rollback",

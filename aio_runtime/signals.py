@@ -57,7 +57,9 @@ class TimelineSignal:
                 f"signal {name!r}: expected a writable buffer with 8 bytes at offset {offset}: {exc}"
             ) from exc
         if not word.flags.writeable:
-            raise ValueError(f"signal {name!r}: the buffer is read-only; the host must be able to set it")
+            raise ValueError(
+                f"signal {name!r}: the buffer is read-only; the host must be able to set it"
+            )
         self._word = word
         self.name = name
         self.compare_bits = compare_bits

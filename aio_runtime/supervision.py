@@ -43,7 +43,9 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.initial) and self.initial > 0):
-            raise ValueError(f"initial must be a finite number of seconds > 0, got {self.initial!r}")
+            raise ValueError(
+                f"initial must be a finite number of seconds > 0, got {self.initial!r}"
+            )
         if not (math.isfinite(self.cap) and self.cap >= self.initial):
             raise ValueError(f"cap must be finite and >= initial, got {self.cap!r}")
         if not (math.isfinite(self.factor) and self.factor >= 1):
@@ -54,8 +56,9 @@ class Backoff:
     def delay(self, failures: int, rng: random.Random | None = None) -> float:
         if failures < 1:
             raise ValueError(f"failures must be >= 1, got {failures}")
-        exponent = min(failures - 1, 1024)  # beyond this the cap has long been reached
-        base = min(self.cap, self.initial * self.factor**exponent)
+        exponent = failures - 1
+        reaches_cap = self.factor > 1 and exponent >= math.log(self.cap / self.initial, self.factor)
+        base = self.cap if reaches_cap else min(self.cap, self.initial * self.factor**exponent)
         if self.jitter:
             base *= 1 + self.jitter * (2 * (rng or random).random() - 1)
         return min(self.cap, base)

@@ -28,7 +28,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import anyio
 import anyio.lowlevel
@@ -37,7 +37,7 @@ from .clock import Deadline, current_deadline, now, validate_timeout
 from .errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
 
 if TYPE_CHECKING:
-    from .watcher import MemoryWatcher
+    from .watcher import MemoryWatcher, Watch
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -239,8 +239,9 @@ async def wait_complete(
     raise bound.error(awaited=awaited, error=error, layer=layer, expected=None, observed=None)
 
 
+@overload
 async def wait_until(
-    probe: Callable[[], T] | Callable[[], Awaitable[T]],
+    probe: Callable[[], Awaitable[T]],
     predicate: Callable[[T], bool],
     *,
     awaited: str,
@@ -251,7 +252,38 @@ async def wait_until(
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
     watcher: MemoryWatcher | None = None,
-) -> T:
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    probe: Callable[[], T],
+    predicate: Callable[[T], bool],
+    *,
+    awaited: str,
+    error: type[HardwareTimeout],
+    timeout: float | None = None,
+    layer: Layer | None = None,
+    expected: object = None,
+    policy: PollPolicy = DEFAULT_POLICY,
+    reset_on_progress: bool = False,
+    watcher: MemoryWatcher | None = None,
+) -> T: ...
+
+
+async def wait_until(
+    probe: Callable[[], Any],
+    predicate: Callable[[Any], bool],
+    *,
+    awaited: str,
+    error: type[HardwareTimeout],
+    timeout: float | None = None,
+    layer: Layer | None = None,
+    expected: object = None,
+    policy: PollPolicy = DEFAULT_POLICY,
+    reset_on_progress: bool = False,
+    watcher: MemoryWatcher | None = None,
+) -> Any:
     """Read ``probe`` until ``predicate(value)`` holds; return that value.
 
     ``probe`` is a plain read or returns an awaitable (an async register read). The last value read
@@ -279,8 +311,8 @@ async def wait_until(
             if inspect.isawaitable(value):
                 probe_is_async = True
                 value = await value
-            if predicate(value):  # type: ignore[arg-type]
-                return value  # type: ignore[return-value]
+            if predicate(value):
+                return value
             if reset_on_progress and observed is not _NOT_OBSERVED and value != observed:
                 bound.progress(now())
                 scope.deadline = bound.at
@@ -296,8 +328,8 @@ async def wait_until(
     if scope.cancelled_caught and not probe_is_async:
         # The bound cancelled a sleep between reads: one last read, as the docstring promises.
         value = probe()
-        if predicate(value):  # type: ignore[arg-type]
-            return value  # type: ignore[return-value]
+        if predicate(value):
+            return value
         observed = value
     raise bound.error(
         awaited=awaited, error=error, layer=layer, expected=expected, observed=observed
@@ -306,18 +338,18 @@ async def wait_until(
 
 async def _wait_watched(
     watcher: MemoryWatcher,
-    probe: Callable[[], T] | Callable[[], Awaitable[T]],
-    predicate: Callable[[T], bool],
+    probe: Callable[[], Any],
+    predicate: Callable[[Any], bool],
     bound: _Bound,
     awaited: str,
     error: type[HardwareTimeout],
     layer: Layer | None,
     expected: object,
     reset_on_progress: bool,
-) -> T:
+) -> Any:
     if inspect.iscoroutinefunction(probe):
         raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
-    watch = watcher.watch(probe, predicate, track_progress=reset_on_progress)  # type: ignore[arg-type]
+    watch: Watch[Any] = watcher.watch(probe, predicate, track_progress=reset_on_progress)
     try:
         while True:
             with anyio.move_on_at(bound.at):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import sys
 import threading
 import time
@@ -28,7 +29,6 @@ from typing import Any, Generic, TypeVar
 
 import anyio.lowlevel
 
-from .clock import now
 from .waits import Completion
 
 __all__ = ["MemoryWatcher", "Watch", "WatcherStatistics"]
@@ -39,15 +39,21 @@ Wake = Callable[[Callable[[], object]], object]
 _PR_SET_TIMERSLACK = 29
 
 
-def _current_wake() -> Wake:
-    """The running loop's thread-safe "call this soon on the loop" function."""
+def _current_loop_hooks() -> tuple[Wake, Callable[[], float]]:
+    """The running loop's thread-safe "call this soon on the loop" function, and its clock.
+
+    The clock is read inside those callbacks, where no task is current, so it must be the loop's
+    own function rather than anyio's task-based lookup.
+    """
     native = anyio.lowlevel.current_token().native_token
     if isinstance(native, asyncio.AbstractEventLoop):
-        return native.call_soon_threadsafe
+        return native.call_soon_threadsafe, native.time
     run_sync_soon: Wake | None = getattr(native, "run_sync_soon", None)
     if run_sync_soon is None:
         raise RuntimeError(f"no thread-safe wake-up for event loop token {native!r}")
-    return run_sync_soon
+    import trio
+
+    return run_sync_soon, trio.current_time
 
 
 def _tighten_timer_slack() -> None:
@@ -77,7 +83,7 @@ class Watch(Generic[T]):
         self.probe = probe
         self.predicate = predicate
         self.track_progress = track_progress
-        self._wake = _current_wake()
+        self._wake, self._clock = _current_loop_hooks()
         self._completion: Completion[T] = Completion()
         self.last_value: object = None
         self.last_change: float | None = None
@@ -107,7 +113,7 @@ class Watch(Generic[T]):
             self._completion.set_exception(exc)
 
     def _note_progress(self) -> None:
-        self.last_change = now()
+        self.last_change = self._clock()
 
 
 @dataclass(frozen=True)
@@ -208,11 +214,11 @@ class MemoryWatcher:
             satisfied = watch.predicate(value)
         except Exception as exc:  # a broken probe fails its waiter instead of the watcher
             if self._take(watch):
-                watch._deliver(lambda: watch._fail(exc))
+                watch._deliver(functools.partial(watch._fail, exc))
             return
         if satisfied:
             if self._take(watch):
-                watch._deliver(lambda: watch._finish(value))
+                watch._deliver(functools.partial(watch._finish, value))
             return
         if value != watch.last_value:
             changed = watch.last_value is not None

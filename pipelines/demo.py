@@ -27,8 +27,8 @@ from aio_runtime import (
     AvailabilityMachine,
     Backoff,
     Ledger,
-    MailboxLayout,
     Mailbox,
+    MailboxLayout,
     MemoryWatcher,
     RangeAllocator,
     Stages,
@@ -107,17 +107,27 @@ async def run_demo() -> int:
         firmware_answers, hang_after = plan.attempts[min(attempt, len(plan.attempts) - 1)]
         attempt += 1
         async with Stages(f"session {attempt}", ledger=ledger) as stages:
-            slot = await stages.acquire(lambda: signal_pages.alloc(16, align=16), signal_pages.free,
-                                        label="signal slot")
+            slot = await stages.acquire(
+                lambda: signal_pages.alloc(16, align=16), signal_pages.free, label="signal slot"
+            )
             memory = np.zeros(2, dtype=np.uint64)
             device = DemoDevice(memory, hang_after)
             stages.add(device.stop, label="device")
-            firmware = ScriptedFirmware(SMU, default=Reply() if firmware_answers else ScriptedFirmware.never())
-            smu = Mailbox(firmware, SMU, name="SMU", timeout=FIRMWARE_TIMEOUT_S,
-                          codes={1: "OK", 0xFF: "failed"})
+            firmware = ScriptedFirmware(
+                SMU, default=Reply() if firmware_answers else ScriptedFirmware.never()
+            )
+            smu = Mailbox(
+                firmware,
+                SMU,
+                name="SMU",
+                timeout=FIRMWARE_TIMEOUT_S,
+                codes={1: "OK", 0xFF: "failed"},
+            )
             await smu.send(ENABLE_ALL_FEATURES)
             _log.info("firmware ready", slot=str(slot))
-            signal = TimelineSignal(memory, name=f"device timeline (session {attempt})", watcher=watcher)
+            signal = TimelineSignal(
+                memory, name=f"device timeline (session {attempt})", watcher=watcher
+            )
             yield Session(device, signal, plan.frames_to_finish)
 
     async def run_session(session: Session) -> None:
@@ -125,8 +135,9 @@ async def run_demo() -> int:
         while session.frames_left > 0:
             frame += 1
             session.timeline += 1
-            with log_context(frame_id=frame, stage="device"), deadline_scope(
-                FRAME_BUDGET_S, name=f"frame {frame}"
+            with (
+                log_context(frame_id=frame, stage="device"),
+                deadline_scope(FRAME_BUDGET_S, name=f"frame {frame}"),
             ):
                 session.device.submit(session.timeline)
                 observed = await session.signal.wait(session.timeline, timeout=SIGNAL_TIMEOUT_S)

@@ -48,7 +48,10 @@ def test_budget_exhaustion_is_a_timeout_but_not_a_hardware_timeout():
 
 def test_timeout_message_names_layer_awaited_timing_and_values():
     exc = SignalTimeout(
-        awaited="timeline signal 'compute' >= 42", timeout=2.0, elapsed=2.0004, expected=42,
+        awaited="timeline signal 'compute' >= 42",
+        timeout=2.0,
+        elapsed=2.0004,
+        expected=42,
         observed=41,
     )
     text = str(exc)

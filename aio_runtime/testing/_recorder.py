@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import anyio
@@ -73,7 +73,7 @@ class TransitionRecorder:
 
 
 @contextlib.contextmanager
-def capture_logs() -> Iterator[list[dict[str, Any]]]:
+def capture_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """Capture structlog events as dicts, with contextvars (frame id, stage, device) merged in."""
     capture = structlog.testing.LogCapture()
     previous = structlog.get_config()

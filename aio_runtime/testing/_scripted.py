@@ -45,7 +45,9 @@ class ScriptedProbe:
         self._start: float | None = None
 
     @classmethod
-    def late(cls, value: int, after: float, *, initial: int = 0, latency: float = 0.0) -> ScriptedProbe:
+    def late(
+        cls, value: int, after: float, *, initial: int = 0, latency: float = 0.0
+    ) -> ScriptedProbe:
         return cls(initial, [(after, value)], latency=latency)
 
     @classmethod

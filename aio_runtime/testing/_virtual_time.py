@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import selectors
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -115,6 +116,9 @@ async def _asyncio_virtual_time(
         loop.time = _offset_clock(real_time, counter.now() - real_time())  # type: ignore[method-assign]
 
 
+_active_mock_clocks: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 @contextlib.asynccontextmanager
 async def _trio_virtual_time(autojump_threshold: float) -> AsyncIterator[VirtualClock]:
     import trio
@@ -126,12 +130,16 @@ async def _trio_virtual_time(autojump_threshold: float) -> AsyncIterator[Virtual
             "virtual_time() on trio needs the run to use trio.testing.MockClock "
             '(anyio backend options {"clock": trio.testing.MockClock(rate=1)})'
         )
+    if clock in _active_mock_clocks:
+        raise RuntimeError("virtual_time() is already active on this run")
     rate, threshold = clock.rate, clock.autojump_threshold
     clock.rate = 0.0
     clock.autojump_threshold = autojump_threshold
+    _active_mock_clocks.add(clock)
     try:
         yield VirtualClock(clock.current_time, clock.jump)
     finally:
+        _active_mock_clocks.discard(clock)
         clock.autojump_threshold = threshold
         clock.rate = rate
 
@@ -148,4 +156,3 @@ async def virtual_time(*, autojump_threshold: float = 0.0) -> AsyncIterator[Virt
     else:
         async with _trio_virtual_time(autojump_threshold) as clock:
             yield clock
-

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ def ledger() -> Iterator[Ledger]:
 
 
 @pytest.fixture
-def captured_logs() -> Iterator[list[dict[str, Any]]]:
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """structlog events logged during the test, as dicts (context variables merged in)."""
     with capture_logs() as entries:
         yield entries

@@ -1,0 +1,117 @@
+"""Rules about the code itself: layering, one wait primitive, the public surface."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("aio_runtime", "transports", "pipelines")
+
+# Where sleeping or spinning is allowed: the wait primitive and the watcher thread.
+WAIT_MODULES = {"aio_runtime/waits.py", "aio_runtime/watcher.py"}
+SLEEP_CALLS = {"sleep", "sleep_until", "sleep_forever", "checkpoint", "cancel_shielded_checkpoint"}
+
+
+def sources(package: str):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), filename=str(path))
+
+
+def imported_top_levels(tree: ast.AST, module_path: str) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                names.add(module_path.split("/")[0])
+            elif node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("aio_runtime", {"transports", "pipelines"}), ("transports", {"pipelines"})],
+)
+def test_imports_only_point_down(package, forbidden):
+    offenders = {
+        path: sorted(imported_top_levels(tree, path) & forbidden)
+        for path, tree in sources(package)
+        if imported_top_levels(tree, path) & forbidden
+    }
+    assert not offenders, f"{package} must not import {sorted(forbidden)}: {offenders}"
+
+
+def call_name(node: ast.Call) -> str | None:
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return None
+
+
+def stray_waits(path: str, tree: ast.AST) -> list[str]:
+    """Sleeps and yield-spins outside the wait primitive, and busy loops with no await at all
+    around a read that looks like polling (a ``while`` whose test calls something)."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and call_name(node) in SLEEP_CALLS
+            and path not in WAIT_MODULES
+        ):
+            found.append(f"{path}:{node.lineno}: {call_name(node)}() outside the wait primitive")
+        if isinstance(node, ast.While) and path not in WAIT_MODULES:
+            test_calls = [n for n in ast.walk(node.test) if isinstance(n, ast.Call)]
+            body_awaits = any(isinstance(n, ast.Await) for n in ast.walk(node))
+            if test_calls and not body_awaits:
+                found.append(f"{path}:{node.lineno}: a while loop polling a call")
+    return found
+
+
+def test_every_wait_goes_through_the_primitive():
+    found = [
+        hit
+        for package in PACKAGES
+        for path, tree in sources(package)
+        for hit in stray_waits(path, tree)
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import time\nwhile read() < 5:\n    time.sleep(0.001)\n",
+        "async def f():\n    while True:\n        if read():\n            return\n"
+        "        await asyncio.sleep(0.001)\n",
+        "async def f():\n    await anyio.lowlevel.checkpoint()\n",
+        "while not ready():\n    pass\n",
+    ],
+)
+def test_the_scan_catches_polling_and_sleep_loops(snippet):
+    assert stray_waits("pipelines/x.py", ast.parse(snippet))
+
+
+def test_public_api_lists_only_what_exists_and_exports_every_public_name():
+    import aio_runtime
+    import aio_runtime.testing
+
+    for module in (aio_runtime, aio_runtime.testing):
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.__all__ names missing {name}"
+        assert len(module.__all__) == len(set(module.__all__))
+    exported = set(aio_runtime.__all__)
+    for info in pkgutil.iter_modules(aio_runtime.__path__):
+        if info.name.startswith("_") or info.name == "testing":
+            continue
+        submodule = importlib.import_module(f"aio_runtime.{info.name}")
+        missing = set(getattr(submodule, "__all__", ())) - exported
+        assert not missing, f"aio_runtime.{info.name} exports {missing} not re-exported"

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from aio_runtime import Availability, AvailabilityMachine, Readiness, ReadinessLayer
+from aio_runtime.testing import TransitionRecorder
+
+A, D, U = Availability.AVAILABLE, Availability.DEGRADED, Availability.UNAVAILABLE
+
+
+def test_machine_starts_unavailable_with_a_reason():
+    machine = AvailabilityMachine(initial_reason="device not opened")
+    assert machine.state.availability is U
+    assert machine.state.reason == "device not opened"
+
+
+def test_return_to_available_needs_n_good_results_in_a_row():
+    machine = AvailabilityMachine(recover_after=3)
+    machine.report_good()
+    machine.report_good()
+    assert machine.state.availability is U
+    machine.report_good()
+    assert machine.state.availability is A
+    assert machine.state.reason is None
+
+
+def test_a_fault_applies_at_once_and_resets_the_streak():
+    machine = AvailabilityMachine(recover_after=2)
+    machine.report_good()
+    machine.report_good()
+    machine.report_unavailable("signal timeout")
+    assert str(machine.state) == "unavailable(signal timeout)"
+    machine.report_good()
+    assert machine.state.availability is U
+    machine.report_good()
+    assert machine.state.availability is A
+
+
+def test_degraded_result_interrupts_the_streak():
+    machine = AvailabilityMachine(recover_after=3)
+    machine.report_good()
+    machine.report_good()
+    machine.report_degraded("stale calibration")
+    assert machine.state.availability is D
+    machine.report_good()
+    machine.report_good()
+    assert machine.state.availability is D
+    machine.report_good()
+    assert machine.state.availability is A
+
+
+def test_only_changes_are_transitions_and_a_new_reason_is_a_change():
+    machine = AvailabilityMachine(recover_after=1)
+    with TransitionRecorder(machine) as recorder:
+        machine.report_unavailable("starting")  # same state and reason: nothing new
+        machine.report_unavailable("camera stalled")
+        machine.report_unavailable("camera stalled")
+        machine.report_good()
+        machine.report_good()
+        machine.report_degraded("budget overrun")
+    assert [str(s) for s in recorder.states()] == [
+        "unavailable(starting)",
+        "unavailable(camera stalled)",
+        "available",
+        "degraded(budget overrun)",
+    ]
+    seqs = [t.seq for t in recorder.transitions]
+    assert seqs == sorted(seqs)
+    assert recorder.transitions[0].previous is None
+    assert recorder.transitions[1].previous.reason == "starting"
+
+
+def test_recover_after_must_be_positive():
+    with pytest.raises(ValueError):
+        AvailabilityMachine(recover_after=0)
+
+
+@pytest.mark.anyio
+async def test_every_subscriber_receives_every_transition_in_order():
+    machine = AvailabilityMachine(recover_after=1)
+    received: dict[int, list[str]] = {0: [], 1: []}
+
+    async def consume(key: int, ready: anyio.Event):
+        with machine.subscribe() as stream:
+            ready.set()
+            async for transition in stream:
+                received[key].append(str(transition.current))
+                if len(received[key]) == 4:
+                    return
+
+    async with anyio.create_task_group() as tg:
+        for key in received:
+            ready = anyio.Event()
+            tg.start_soon(consume, key, ready)
+            await ready.wait()
+        machine.report_good()
+        machine.report_unavailable("usb timeout")
+        machine.report_good()
+    expected = ["unavailable(starting)", "available", "unavailable(usb timeout)", "available"]
+    assert received == {0: expected, 1: expected}
+
+
+@pytest.mark.anyio
+async def test_recorder_waits_for_a_state():
+    machine = AvailabilityMachine(recover_after=1)
+    with TransitionRecorder(machine) as recorder:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: recorder.wait_for(A, timeout=5))
+            await anyio.lowlevel.checkpoint()
+            machine.report_good()
+    assert recorder.availabilities() == [U, A]
+
+
+def test_readiness_layers_start_down_and_come_up_in_order():
+    readiness = Readiness()
+    assert not any(readiness.snapshot().values())
+    with pytest.raises(ValueError, match="device_online is down"):
+        readiness.mark_up(ReadinessLayer.FIRMWARE_READY)
+    for layer in ReadinessLayer:
+        readiness.mark_up(layer)
+    assert all(readiness.snapshot().values())
+
+
+def test_a_lower_layer_going_down_takes_the_layers_above_with_it():
+    readiness = Readiness()
+    for layer in ReadinessLayer:
+        readiness.mark_up(layer)
+    readiness.mark_down(ReadinessLayer.QUEUE_SUBMITTABLE, "compute ring hung")
+    assert readiness.snapshot() == {
+        "device_online": True,
+        "firmware_ready": True,
+        "queue_submittable": False,
+        "task_complete": False,
+        "output_valid": False,
+    }
+    assert readiness.reason(ReadinessLayer.QUEUE_SUBMITTABLE) == "compute ring hung"
+    assert (
+        readiness.reason(ReadinessLayer.OUTPUT_VALID) == "queue_submittable down: compute ring hung"
+    )
+
+
+def test_output_invalid_does_not_touch_lower_layers():
+    readiness = Readiness()
+    for layer in ReadinessLayer:
+        readiness.mark_up(layer)
+    readiness.mark_down(ReadinessLayer.OUTPUT_VALID, "NaN in output")
+    assert readiness.is_up(ReadinessLayer.TASK_COMPLETE)
+    assert not readiness.is_up(ReadinessLayer.OUTPUT_VALID)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+import trio
+
+from aio_runtime import now
+from aio_runtime.testing import virtual_time
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_long_sleep_passes_in_virtual_time():
+    real_start = time.monotonic()
+    async with virtual_time() as clock:
+        start = clock.now()
+        await anyio.sleep(30.0)
+        assert clock.now() - start == pytest.approx(30.0)
+        assert now() == clock.now()
+    assert time.monotonic() - real_start < 5.0  # 30 virtual seconds, not 30 real ones
+
+
+async def test_timers_fire_in_deadline_order():
+    fired = []
+
+    async def sleeper(delay):
+        await anyio.sleep(delay)
+        fired.append((delay, round(now() - start, 9)))
+
+    async with virtual_time():
+        start = now()
+        async with anyio.create_task_group() as tg:
+            for delay in (3.0, 1.0, 2.0):
+                tg.start_soon(sleeper, delay)
+    assert fired == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
+
+
+async def test_the_clock_stays_monotonic_after_the_block():
+    async with virtual_time():
+        await anyio.sleep(100.0)
+        inside = now()
+    assert now() >= inside
+    await anyio.sleep(0.001)
+    assert now() > inside
+
+
+async def test_jump_moves_the_clock_forward_only():
+    async with virtual_time() as clock:
+        start = clock.now()
+        clock.jump(5.0)
+        assert clock.now() - start == pytest.approx(5.0)
+        with pytest.raises(ValueError):
+            clock.jump(-1)
+
+
+async def test_virtual_time_does_not_nest():
+    async with virtual_time():
+        with pytest.raises(RuntimeError, match="already active"):
+            async with virtual_time():
+                pass
+
+
+def test_trio_without_a_mock_clock_is_refused_with_a_clear_error():
+    async def main():
+        async with virtual_time():
+            pass
+
+    with pytest.raises(RuntimeError, match="MockClock"):
+        trio.run(main)

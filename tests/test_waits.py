@@ -1,0 +1,288 @@
+"""The wait primitive: bounds, typed failures, probes, policies — under virtual time."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from aio_runtime import (
+    BudgetExhausted,
+    CameraTimeout,
+    Completion,
+    FirmwareTimeout,
+    Layer,
+    ModelTimeout,
+    PcieRequestTimeout,
+    PollPolicy,
+    SignalTimeout,
+    UnboundedWaitError,
+    UsbTransferTimeout,
+    deadline_scope,
+    now,
+    wait_complete,
+    wait_until,
+)
+from aio_runtime.testing import ScriptedProbe, virtual_time
+
+pytestmark = pytest.mark.anyio
+
+SLACK = 1e-6  # virtual time: a timeout fires exactly at its deadline
+
+KINDS = [
+    (UsbTransferTimeout, Layer.USB_TRANSFER),
+    (PcieRequestTimeout, Layer.PCIE_REQUEST),
+    (SignalTimeout, Layer.GPU_QUEUE),
+    (FirmwareTimeout, Layer.FIRMWARE),
+    (CameraTimeout, Layer.CAMERA),
+    (ModelTimeout, Layer.MODEL),
+]
+
+
+@pytest.mark.parametrize(("kind", "layer"), KINDS)
+async def test_probe_wait_times_out_with_its_kind_layer_values_and_elapsed(kind, layer):
+    probe = ScriptedProbe.never(initial=3)
+    async with virtual_time():
+        start = now()
+        with pytest.raises(kind) as info:
+            await wait_until(
+                probe, lambda v: v >= 5, awaited="word >= 5", error=kind, timeout=30.0, expected=5
+            )
+        assert now() - start == pytest.approx(30.0)
+    exc = info.value
+    assert exc.layer is layer
+    assert (exc.expected, exc.observed, exc.timeout) == (5, 3, 30.0)
+    assert 30.0 <= exc.elapsed <= 30.0 + SLACK
+    assert exc.awaited == "word >= 5"
+
+
+@pytest.mark.parametrize(("kind", "layer"), KINDS)
+async def test_completion_wait_times_out_with_its_kind_and_layer(kind, layer):
+    async with virtual_time():
+        with pytest.raises(kind) as info:
+            await wait_complete(Completion(), awaited="callback", error=kind, timeout=10.0)
+    assert info.value.layer is layer
+    assert 10.0 <= info.value.elapsed <= 10.0 + SLACK
+
+
+async def test_completion_set_by_a_callback_later_is_returned():
+    completion: Completion[str] = Completion()
+    async with virtual_time(), anyio.create_task_group() as tg:
+
+        async def complete_later():
+            await anyio.sleep(2.0)
+            completion.set_result("done")
+
+        tg.start_soon(complete_later)
+        start = now()
+        result = await wait_complete(completion, awaited="x", error=UsbTransferTimeout, timeout=5)
+        assert result == "done"
+        assert now() - start == pytest.approx(2.0)
+
+
+async def test_completion_exception_is_reraised_unchanged():
+    completion: Completion[int] = Completion()
+    completion.set_exception(KeyError("boom"))
+    with pytest.raises(KeyError):
+        await wait_complete(completion, awaited="x", error=UsbTransferTimeout, timeout=1)
+
+
+async def test_completion_cannot_complete_twice():
+    completion: Completion[int] = Completion()
+    completion.set_result(1)
+    with pytest.raises(RuntimeError, match="already set"):
+        completion.set_result(2)
+    with pytest.raises(RuntimeError):
+        Completion().result()
+
+
+async def test_anyio_event_is_a_waitable():
+    event = anyio.Event()
+    event.set()
+    assert await wait_complete(event, awaited="e", error=SignalTimeout, timeout=1) is None
+
+
+async def test_wait_without_any_bound_is_refused_even_under_a_foreign_cancel_scope():
+    with anyio.fail_after(1):
+        with pytest.raises(UnboundedWaitError, match="without a bound"):
+            await wait_until(lambda: 0, bool, awaited="x", error=SignalTimeout)
+        with pytest.raises(UnboundedWaitError):
+            await wait_complete(Completion(), awaited="x", error=SignalTimeout)
+
+
+async def test_negative_or_nan_timeout_is_a_value_error():
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError):
+            await wait_until(lambda: 0, bool, awaited="x", error=SignalTimeout, timeout=bad)
+
+
+async def test_enclosing_scope_cuts_a_longer_wait_and_reports_budget_exhaustion():
+    async with virtual_time():
+        with deadline_scope(0.05, name="frame 12") as scope:
+            with pytest.raises(BudgetExhausted) as info:
+                await wait_until(
+                    ScriptedProbe.never(),
+                    bool,
+                    awaited="fence",
+                    error=SignalTimeout,
+                    timeout=10.0,
+                    expected=1,
+                )
+        assert now() == pytest.approx(scope.at)
+    exc = info.value
+    assert exc.budget == "frame 12"
+    assert exc.layer is Layer.GPU_QUEUE  # the layer of the wait that was pending
+    assert exc.timeout == pytest.approx(0.05)
+    assert exc.elapsed == pytest.approx(0.05)
+    assert exc.awaited == "fence"
+
+
+async def test_wait_own_shorter_timeout_raises_hardware_timeout_inside_a_scope():
+    async with virtual_time():
+        with deadline_scope(5.0, name="frame"):
+            with pytest.raises(SignalTimeout):
+                await wait_until(
+                    ScriptedProbe.never(), bool, awaited="x", error=SignalTimeout, timeout=1.0
+                )
+
+
+async def test_scope_alone_bounds_a_wait_without_timeout():
+    async with virtual_time():
+        with deadline_scope(2.0, name="frame"):
+            with pytest.raises(BudgetExhausted):
+                await wait_complete(Completion(), awaited="x", error=SignalTimeout)
+
+
+async def test_late_value_is_returned_when_it_arrives():
+    probe = ScriptedProbe.late(7, after=1.5)
+    async with virtual_time():
+        start = now()
+        value = await wait_until(
+            probe, lambda v: v == 7, awaited="x", error=SignalTimeout, timeout=5.0
+        )
+        elapsed = now() - start
+    assert value == 7
+    assert 1.5 <= elapsed <= 1.5 + PollPolicy().max_interval
+
+
+async def test_value_arriving_exactly_at_the_deadline_counts():
+    probe = ScriptedProbe.late(1, after=2.0)
+    async with virtual_time():
+        assert await wait_until(probe, bool, awaited="x", error=SignalTimeout, timeout=2.0) == 1
+
+
+async def test_satisfied_condition_returns_without_waiting_even_with_zero_timeout():
+    async with virtual_time():
+        start = now()
+        assert await wait_until(lambda: 4, bool, awaited="x", error=SignalTimeout, timeout=0) == 4
+        assert now() == start
+
+
+async def test_async_probe_is_awaited_each_read():
+    probe = ScriptedProbe.late(1, after=0.1, latency=0.01)
+    async with virtual_time():
+        value = await wait_until(
+            probe.read, bool, awaited="register", error=FirmwareTimeout, timeout=1.0
+        )
+    assert value == 1
+    assert probe.reads >= 2
+
+
+async def test_async_probe_that_never_returns_is_bounded():
+    async def hung_read() -> int:
+        await anyio.Event().wait()
+        return 0
+
+    async with virtual_time():
+        with pytest.raises(UsbTransferTimeout) as info:
+            await wait_until(
+                hung_read, bool, awaited="register over USB", error=UsbTransferTimeout, timeout=3.0
+            )
+    assert info.value.elapsed == pytest.approx(3.0)
+    assert "never read" in str(info.value.observed)
+
+
+async def test_probe_exception_propagates():
+    def broken() -> int:
+        raise OSError("bus error")
+
+    with pytest.raises(OSError, match="bus error"):
+        await wait_until(broken, bool, awaited="x", error=SignalTimeout, timeout=1.0)
+
+
+async def test_reset_on_progress_restarts_the_timer_while_the_value_moves():
+    async with virtual_time():
+        moving = ScriptedProbe.partial([1, 2, 3], every=0.8)
+        start = now()
+        with pytest.raises(SignalTimeout) as info:
+            await wait_until(
+                moving,
+                lambda v: v >= 4,
+                awaited="x",
+                error=SignalTimeout,
+                timeout=1.0,
+                reset_on_progress=True,
+                expected=4,
+            )
+        inactive_elapsed = now() - start
+        absolute = ScriptedProbe.partial([1, 2, 3], every=0.8)
+        with pytest.raises(SignalTimeout) as absolute_info:
+            await wait_until(
+                absolute,
+                lambda v: v >= 4,
+                awaited="x",
+                error=SignalTimeout,
+                timeout=1.0,
+                expected=4,
+            )
+    assert info.value.observed == 3
+    assert 3.4 - PollPolicy().max_interval <= inactive_elapsed <= 3.4 + PollPolicy().max_interval
+    assert absolute_info.value.observed == 1
+
+
+async def test_reset_on_progress_never_moves_the_enclosing_scope():
+    async with virtual_time():
+        moving = ScriptedProbe.partial(range(1, 100), every=0.5)
+        with deadline_scope(2.0, name="frame") as scope:
+            with pytest.raises(BudgetExhausted):
+                await wait_until(
+                    moving,
+                    lambda v: v >= 1000,
+                    awaited="x",
+                    error=SignalTimeout,
+                    timeout=1.0,
+                    reset_on_progress=True,
+                )
+        assert now() == pytest.approx(scope.at)
+
+
+async def test_polling_backs_off_instead_of_spinning():
+    probe = ScriptedProbe.never()
+    policy = PollPolicy(spin=4, first_interval=0.001, max_interval=0.1)
+    async with virtual_time():
+        with pytest.raises(SignalTimeout):
+            await wait_until(
+                probe, bool, awaited="x", error=SignalTimeout, timeout=10.0, policy=policy
+            )
+    # 4 spins + ~7 growing intervals to reach 0.1 s + ~100 reads at the cap + final read
+    assert 100 <= probe.reads <= 120
+
+
+def test_poll_policy_intervals_spin_then_grow_to_the_cap():
+    policy = PollPolicy(spin=2, first_interval=0.001, max_interval=0.004, factor=2)
+    intervals = policy.intervals()
+    assert [next(intervals) for _ in range(6)] == [0.0, 0.0, 0.001, 0.002, 0.004, 0.004]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"spin": -1},
+        {"first_interval": 0},
+        {"max_interval": float("inf")},
+        {"first_interval": 0.01, "max_interval": 0.001},
+        {"factor": 0.5},
+    ],
+)
+def test_poll_policy_rejects_nonsense(kwargs):
+    with pytest.raises(ValueError):
+        PollPolicy(**kwargs)

@@ -1,0 +1,173 @@
+"""Off-loop probing: a memory watcher thread detects plain stores and wakes the awaiting task.
+
+Real time (a thread is involved), short timeouts, generous margins.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+from aio_runtime import MemoryWatcher, SignalTimeout, TimelineSignal, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def watcher():
+    with MemoryWatcher("test") as w:
+        yield w
+
+
+def store_later(memory: np.ndarray, index: int, value: int, delay: float) -> threading.Timer:
+    timer = threading.Timer(delay, memory.__setitem__, args=(index, value))
+    timer.start()
+    return timer
+
+
+async def test_watcher_detects_a_store_from_another_thread(watcher):
+    memory = np.zeros(1, dtype=np.uint64)
+    store_later(memory, 0, 9, 0.005)
+    value = await wait_until(
+        lambda: int(memory[0]),
+        lambda v: v >= 9,
+        awaited="word >= 9",
+        error=SignalTimeout,
+        timeout=5.0,
+        watcher=watcher,
+    )
+    assert value == 9
+    assert watcher.statistics().pending == 0
+    assert watcher.statistics().completed == 1
+
+
+async def test_watched_wait_times_out_with_last_observed_value(watcher):
+    memory = np.full(1, 4, dtype=np.uint64)
+    with pytest.raises(SignalTimeout) as info:
+        await wait_until(
+            lambda: int(memory[0]),
+            lambda v: v >= 5,
+            awaited="word >= 5",
+            error=SignalTimeout,
+            timeout=0.05,
+            expected=5,
+            watcher=watcher,
+        )
+    assert (info.value.expected, info.value.observed) == (5, 4)
+    assert info.value.elapsed >= 0.05
+    assert watcher.statistics().pending == 0
+
+
+async def test_cancelling_a_watched_wait_removes_the_watch(watcher):
+    memory = np.zeros(1, dtype=np.uint64)
+    started = anyio.Event()
+
+    async def waiter():
+        started.set()
+        await wait_until(
+            lambda: int(memory[0]),
+            bool,
+            awaited="x",
+            error=SignalTimeout,
+            timeout=60.0,
+            watcher=watcher,
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await started.wait()
+        await anyio.lowlevel.checkpoint()
+        assert watcher.statistics().pending == 1
+        tg.cancel_scope.cancel()
+    assert watcher.statistics().pending == 0
+
+
+async def test_many_waits_share_one_thread(watcher):
+    memory = np.zeros(8, dtype=np.uint64)
+    results = {}
+
+    async def wait_word(i: int):
+        results[i] = await wait_until(
+            lambda: int(memory[i]),
+            bool,
+            awaited=f"word {i}",
+            error=SignalTimeout,
+            timeout=5.0,
+            watcher=watcher,
+        )
+
+    before = {t.name for t in threading.enumerate()}
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(wait_word, i)
+        for i in range(8):
+            store_later(memory, i, i + 1, 0.002 * (i + 1))
+    watcher_threads = [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("memory-watcher-test") and t.name not in before
+    ]
+    assert results == {i: i + 1 for i in range(8)}
+    assert len([t for t in threading.enumerate() if t.name == "memory-watcher-test"]) == 1
+    assert len(watcher_threads) <= 1
+
+
+async def test_idle_watcher_does_not_sweep(watcher):
+    memory = np.ones(1, dtype=np.uint64)
+    await wait_until(
+        lambda: int(memory[0]), bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
+    )
+    sweeps = watcher.statistics().sweeps
+    await anyio.sleep(0.02)
+    assert watcher.statistics().sweeps == sweeps
+
+
+async def test_probe_exception_fails_the_waiter_not_the_watcher(watcher):
+    def broken() -> int:
+        raise OSError("unmapped")
+
+    with pytest.raises(OSError, match="unmapped"):
+        await wait_until(
+            broken, bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
+        )
+    memory = np.ones(1, dtype=np.uint64)
+    assert (
+        await wait_until(
+            lambda: int(memory[0]),
+            bool,
+            awaited="x",
+            error=SignalTimeout,
+            timeout=1.0,
+            watcher=watcher,
+        )
+        == 1
+    )
+
+
+async def test_watcher_refuses_async_probes(watcher):
+    async def read() -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="plain memory reads"):
+        await wait_until(read, bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher)
+
+
+async def test_watched_inactivity_timeout_follows_progress(watcher):
+    memory = np.zeros(1, dtype=np.uint64)
+    timers = [store_later(memory, 0, v, 0.05 * v) for v in (1, 2, 3, 4)]
+    signal = TimelineSignal(memory, name="slow", watcher=watcher, reset_on_progress=True)
+    assert await signal.wait(4, timeout=0.12) == 4
+    for timer in timers:
+        timer.join()
+
+
+async def test_closed_watcher_refuses_new_watches():
+    watcher = MemoryWatcher("closed")
+    watcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await wait_until(
+            lambda: 0, bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
+        )
