@@ -3,10 +3,21 @@
 A device writes a completion value into memory with a plain store; nothing wakes the host. Probing
 that word from the event loop costs at least a millisecond per read once the loop sleeps (asyncio
 rounds its timers to milliseconds). A :class:`MemoryWatcher` instead probes every pending watch of one
-memory domain (one device's signal page, say) from a single thread, every ``interval`` seconds,
-and hands a satisfied watch back to its task with the loop's thread-safe call (asyncio's
-``call_soon_threadsafe``, trio's ``run_sync_soon``). With no pending watch the thread blocks on a
+memory domain (one device's signal page, say) from a single thread and hands a satisfied watch
+back to its task with the loop's thread-safe call (asyncio's ``call_soon_threadsafe``, trio's
+``run_sync_soon``).
+
+The polling policy is a short spin, then backoff. For ``spin`` seconds after a watch starts, the
+thread re-reads continuously (yielding the GIL between sweeps), so a completion that comes soon —
+a copy chunk, a fence — is seen within microseconds. After it, the thread sleeps between sweeps, a
+quarter of the time the youngest watch has waited so far, from ``first_interval`` up to
+``max_interval``: a wait pending for a whole second costs a few percent of a core, and a late
+completion is seen at most ``max_interval`` late. With no pending watch the thread blocks on a
 condition variable and costs nothing.
+
+The spin is short on purpose: while a Python thread spins, the event loop thread competes with it
+for the GIL, and the loop's own timers were measured to fire late by about the spin's length
+(``benchmarks/waits.py``). One millisecond keeps timeout lateness within two.
 
 Use it through :func:`aio_runtime.wait_until` (``watcher=...``) or a
 :class:`~aio_runtime.signals.TimelineSignal` built with one; both remove the watch when the wait
@@ -85,6 +96,7 @@ class Watch(Generic[T]):
         self.track_progress = track_progress
         self._wake, self._clock = _current_loop_hooks()
         self._completion: Completion[T] = Completion()
+        self.started = time.monotonic()
         self.last_value: object = None
         self.last_change: float | None = None
         """Loop time at which the watcher last saw the value change (only with track_progress)."""
@@ -127,16 +139,30 @@ class WatcherStatistics:
 class MemoryWatcher:
     """Probes the pending watches of one memory domain from one thread.
 
-    ``interval`` is the time between sweeps over all pending watches: it bounds the detection
-    latency added by the watcher, and sets its CPU cost while something is pending. The thread
-    starts on the first watch and stops on :meth:`close` (or leaving the ``with`` block).
+    ``spin``, ``first_interval`` and ``max_interval`` (seconds) set the polling policy described in
+    the module documentation. The thread starts on the first watch and stops on :meth:`close` (or
+    leaving the ``with`` block).
     """
 
-    def __init__(self, name: str, *, interval: float = 50e-6) -> None:
-        if not (interval > 0 and interval < 1.0):
-            raise ValueError(f"interval must be in (0, 1) seconds, got {interval!r}")
+    def __init__(
+        self,
+        name: str,
+        *,
+        spin: float = 0.001,
+        first_interval: float = 50e-6,
+        max_interval: float = 0.0005,
+    ) -> None:
+        if not 0 <= spin < 1.0:
+            raise ValueError(f"spin must be in [0, 1) seconds, got {spin!r}")
+        if not 0 < first_interval <= max_interval < 1.0:
+            raise ValueError(
+                "need 0 < first_interval <= max_interval < 1 second, "
+                f"got {first_interval!r} and {max_interval!r}"
+            )
         self.name = name
-        self.interval = interval
+        self.spin = spin
+        self.first_interval = first_interval
+        self.max_interval = max_interval
         self._cond = threading.Condition()
         self._watches: dict[int, Watch[Any]] = {}
         self._thread: threading.Thread | None = None
@@ -206,7 +232,14 @@ class MemoryWatcher:
                 self._sweeps += 1
             for watch in pending:
                 self._sweep_one(watch)
-            time.sleep(self.interval)
+            youngest = time.monotonic() - max(watch.started for watch in pending)
+            time.sleep(self._pause(youngest))
+
+    def _pause(self, waited: float) -> float:
+        """Sleep between sweeps once the youngest watch has waited ``waited`` seconds."""
+        if waited < self.spin:
+            return 0.0  # still yields the GIL, so the loop thread is never starved
+        return min(self.max_interval, max(self.first_interval, (waited - self.spin) / 4))
 
     def _sweep_one(self, watch: Watch[Any]) -> None:
         try:

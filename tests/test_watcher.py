@@ -171,3 +171,27 @@ async def test_closed_watcher_refuses_new_watches():
         await wait_until(
             lambda: 0, bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
         )
+
+
+def test_watcher_policy_spins_then_backs_off_to_its_cap():
+    watcher = MemoryWatcher("policy", spin=0.001, first_interval=50e-6, max_interval=0.0005)
+    assert watcher._pause(0.0) == 0.0
+    assert watcher._pause(0.0009) == 0.0
+    assert watcher._pause(0.0011) == pytest.approx(50e-6)  # a quarter of 0.1 ms is below the floor
+    assert watcher._pause(0.002) == pytest.approx(0.00025)
+    assert watcher._pause(5.0) == pytest.approx(0.0005)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"spin": -1},
+        {"spin": 2.0},
+        {"first_interval": 0},
+        {"max_interval": 2.0},
+        {"first_interval": 0.01, "max_interval": 0.001},
+    ],
+)
+def test_watcher_rejects_a_nonsense_policy(kwargs):
+    with pytest.raises(ValueError):
+        MemoryWatcher("bad", **kwargs)
