@@ -193,7 +193,7 @@ async def run(rounds: int, per_round: int, writer_mode: str) -> dict[str, dict[s
         lateness: dict[str, list[float]] = {name: [] for name in variants}
         cpu: dict[str, list[float]] = {name: [] for name in variants}
         value = 0
-        for name, wait in variants.items():  # warm-up: threads started, code paths exercised
+        for wait in variants.values():  # warm-up: threads started, code paths exercised
             for _ in range(5):
                 value += 1
                 await detect_once(wait, writer, value)
