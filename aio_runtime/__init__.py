@@ -7,6 +7,7 @@ and what was awaited. The core knows nothing about USB, GPUs or faces; ``transpo
 
 from .allocator import AllocatorStatistics, Range, RangeAllocator
 from .clock import Deadline, current_deadline, deadline_scope, now, validate_timeout
+from .completion import Completion, ThreadsafeSetter, Waitable
 from .errors import (
     BudgetExhausted,
     CameraTimeout,
@@ -42,14 +43,14 @@ from .signals import Fence, TimelineSignal
 from .supervision import Backoff, Supervisor, SupervisorStatistics
 from .waits import (
     DEFAULT_POLICY,
-    Completion,
     PollPolicy,
-    Waitable,
+    WaitBound,
+    bounded,
     pause,
     wait_complete,
     wait_until,
 )
-from .watcher import MemoryWatcher, Watch, WatcherStatistics
+from .watcher import MemoryWatcher, Watch, WatcherStatistics, WatcherStopped
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -91,14 +92,18 @@ __all__ = [
     "Stages",
     "Supervisor",
     "SupervisorStatistics",
+    "ThreadsafeSetter",
     "TimelineSignal",
     "TransferError",
     "Transition",
     "UnboundedWaitError",
     "UsbTransferTimeout",
+    "WaitBound",
     "Waitable",
     "Watch",
     "WatcherStatistics",
+    "WatcherStopped",
+    "bounded",
     "configure_logging",
     "current_deadline",
     "current_ledger",

@@ -105,6 +105,9 @@ class _TimedOut(RuntimeFault, TimeoutError):
         self.expected = expected
         self.observed = observed
         self.detail = detail
+        self.in_flight = False
+        """True when the timed-out operation did not acknowledge cancellation: it still owns its
+        buffers (see ``wait_complete(cancel=...)``)."""
         super().__init__(self._compose(awaited), layer=layer, awaited=awaited)
 
     def _headline(self) -> str:
@@ -269,17 +272,19 @@ def map_exceptions(
     """Translate a backend's exceptions into the runtime's family at a boundary.
 
     The first entry whose key matches (``isinstance``) wins; the original is kept as ``__cause__``.
-    Exceptions that are already a ``RuntimeFault``, and exceptions no entry matches, pass unchanged.
-    Timeouts are not mapped here: they are raised by the wait primitive, which knows the timeout
-    and the elapsed time.
+    Exceptions that are already a ``RuntimeFault``, exceptions no entry matches, and every
+    :class:`TimeoutError` (a subclass of ``OSError``, so ``{OSError: ...}`` would otherwise catch
+    it) pass unchanged. Timeouts become typed errors in the wait primitive, which knows the timeout
+    and the elapsed time; a library's own timeout exception must be handled there, not mapped here.
     """
     try:
         yield
-    except RuntimeFault:
+    except (RuntimeFault, TimeoutError):
         raise
     except Exception as exc:
         for source, target in mapping.items():
             if isinstance(exc, source):
-                message = f"{awaited}: {exc}" if awaited else (str(exc) or type(exc).__name__)
+                text = str(exc) or type(exc).__name__
+                message = f"{awaited}: {text}" if awaited else text
                 raise target(message, layer=layer, awaited=awaited) from exc
         raise

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import anyio
@@ -127,30 +126,41 @@ class Transition:
     seq: int
 
 
-@dataclass
-class _Subscriber:
-    send: MemoryObjectSendStream[Transition]
-    receive: MemoryObjectReceiveStream[Transition] = field(repr=False)
-
-
 class AvailabilityMachine:
     """AVAILABLE / DEGRADED / UNAVAILABLE with reasons and hysteresis.
 
     Starts UNAVAILABLE (``initial_reason``). Report every result with :meth:`report_good`,
-    :meth:`report_degraded` or :meth:`report_unavailable`. Bad news applies at once; good news
-    needs ``recover_after`` good reports in a row before the state returns to AVAILABLE.
+    :meth:`report_degraded` or :meth:`report_unavailable`. Bad news applies at once. Every
+    improvement needs ``recover_after`` results in a row that are at least that good: AVAILABLE
+    after that many good results, DEGRADED (from UNAVAILABLE) after that many results that were
+    produced at all (good or degraded). A device that alternates between failing and producing
+    therefore stays UNAVAILABLE instead of flapping.
+
+    Each subscriber may fall ``max_backlog`` transitions behind; one that falls further is
+    disconnected (its stream ends) rather than letting memory grow without bound.
 
     Reports are synchronous and may come from any task on the loop thread.
     """
 
-    def __init__(self, *, recover_after: int = 3, initial_reason: str = "starting") -> None:
+    def __init__(
+        self,
+        *,
+        recover_after: int = 3,
+        initial_reason: str = "starting",
+        max_backlog: int = 256,
+    ) -> None:
         if recover_after < 1:
             raise ValueError(f"recover_after must be >= 1, got {recover_after}")
+        if max_backlog < 1:
+            raise ValueError(f"max_backlog must be >= 1, got {max_backlog}")
         self.recover_after = recover_after
+        self.max_backlog = max_backlog
         self._state = AvailabilityState(Availability.UNAVAILABLE, initial_reason, _safe_now())
         self._good_streak = 0
+        self._producing_streak = 0
+        self._degraded_reason: str | None = None
         self._seq = 0
-        self._subscribers: list[_Subscriber] = []
+        self._subscribers: list[MemoryObjectSendStream[Transition]] = []
 
     @property
     def state(self) -> AvailabilityState:
@@ -161,18 +171,29 @@ class AvailabilityMachine:
         return self._good_streak
 
     def report_good(self) -> None:
+        self._good_streak += 1
+        self._producing_streak += 1
         if self._state.availability is Availability.AVAILABLE:
             return
-        self._good_streak += 1
         if self._good_streak >= self.recover_after:
             self._enter(Availability.AVAILABLE, None)
+        elif self._producing_streak >= self.recover_after and self._degraded_reason is not None:
+            self._enter(Availability.DEGRADED, self._degraded_reason)
 
     def report_degraded(self, reason: str) -> None:
         self._good_streak = 0
-        self._enter(Availability.DEGRADED, reason)
+        self._producing_streak += 1
+        self._degraded_reason = reason
+        if (
+            self._state.availability is not Availability.UNAVAILABLE
+            or self._producing_streak >= self.recover_after
+        ):
+            self._enter(Availability.DEGRADED, reason)
 
     def report_unavailable(self, reason: str) -> None:
         self._good_streak = 0
+        self._producing_streak = 0
+        self._degraded_reason = None
         self._enter(Availability.UNAVAILABLE, reason)
 
     def _enter(self, availability: Availability, reason: str | None) -> None:
@@ -182,27 +203,30 @@ class AvailabilityMachine:
         self._state = AvailabilityState(availability, reason, _safe_now())
         self._seq += 1
         transition = Transition(previous, self._state, self._seq)
-        for subscriber in list(self._subscribers):
+        for send in list(self._subscribers):
             try:
-                subscriber.send.send_nowait(transition)
+                send.send_nowait(transition)
+            except anyio.WouldBlock:
+                self._subscribers.remove(send)
+                send.close()  # too far behind: its stream ends after what it has buffered
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._subscribers.remove(subscriber)
+                self._subscribers.remove(send)
 
     @contextlib.contextmanager
     def subscribe(self) -> Iterator[MemoryObjectReceiveStream[Transition]]:
         """A stream of transitions, starting with the current state (``previous=None``).
 
-        Nothing is dropped: each subscriber has its own unbounded buffer (transitions are rare).
+        Transitions arrive in order and none is skipped; a subscriber more than ``max_backlog``
+        behind is disconnected instead (its iteration ends).
         """
-        send, receive = anyio.create_memory_object_stream[Transition](math.inf)
+        send, receive = anyio.create_memory_object_stream[Transition](self.max_backlog)
         send.send_nowait(Transition(None, self._state, self._seq))
-        subscriber = _Subscriber(send, receive)
-        self._subscribers.append(subscriber)
+        self._subscribers.append(send)
         try:
             yield receive
         finally:
-            if subscriber in self._subscribers:
-                self._subscribers.remove(subscriber)
+            if send in self._subscribers:
+                self._subscribers.remove(send)
             send.close()
             receive.close()
 

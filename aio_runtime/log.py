@@ -33,8 +33,6 @@ def configure_logging(
     replaced by a second call. ``force=True`` reconfigures (a service that parsed its options).
     """
     global _configured
-    if _configured and not force:
-        return False
     numeric_level = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not isinstance(numeric_level, int):
         raise ValueError(f"unknown log level {level!r}")
@@ -49,6 +47,8 @@ def configure_logging(
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
     else:
         raise ValueError(f"mode must be 'json' or 'console', got {mode!r}")
+    if _configured and not force:
+        return False
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),

@@ -14,15 +14,16 @@ a plain array (simulators, tests, memory-mapped BARs).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
 import numpy as np
 
+from .clock import validate_timeout
 from .errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
-from .waits import DEFAULT_POLICY, PollPolicy, wait_until
+from .waits import DEFAULT_POLICY, PollPolicy, bounded, wait_until
 
 __all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
 
@@ -102,8 +103,14 @@ class Mailbox:
 
     ``success`` is the response code that means OK; ``pending`` is what the host writes into the
     response register before a request (and what firmware leaves there until it answers).
-    ``codes`` names response codes for error messages. ``timeout`` is the default response timeout
-    of :meth:`send`.
+    ``codes`` names response codes for error messages. ``timeout`` is the default bound of
+    :meth:`send` — of the whole send: waiting for an earlier send, the register writes, the
+    response.
+
+    Firmware handles one message at a time. When a send ends without its response (a timeout, a
+    cancelled task), the firmware may still be working on that message, and its answer would be
+    read as the answer to the next one. So the next send first waits — within its own bound — for
+    that outstanding response, and only then writes its message.
     """
 
     def __init__(
@@ -124,16 +131,21 @@ class Mailbox:
         self.registers = registers
         self.layout = layout
         self.name = name
-        self.timeout = timeout
+        self.timeout = validate_timeout(timeout)
         self.success = success
         self.pending = pending
         self.codes = dict(codes or {})
         self.layer = layer
         self.policy = policy
         self._lock = anyio.Lock()
+        self._outstanding: int | None = None
+        """Message id whose response was never read (its send timed out or was cancelled)."""
 
     def describe(self, code: int) -> str:
         return f"0x{code:x} ({self.codes[code]})" if code in self.codes else f"0x{code:x}"
+
+    def _response(self) -> Awaitable[int]:
+        return self.registers.read(self.layout.response)
 
     async def send(
         self,
@@ -146,31 +158,49 @@ class Mailbox:
         """Send ``message`` with ``argument`` and wait for success.
 
         Returns the argument register read back when ``read_argument`` (firmware replies there),
-        else the response code. Raises :class:`FirmwareError` for any other response code, at once.
+        else the response code. Raises :class:`FirmwareError` for any other response code, at once,
+        and :class:`FirmwareTimeout` (or ``BudgetExhausted``) when the whole send does not finish
+        within its bound.
         """
         awaited = f"{self.name} mailbox response to message 0x{message:x} (argument 0x{argument:x})"
-        async with self._lock:
-            await self.registers.write(self.layout.response, self.pending)
-            await self.registers.write(self.layout.argument, argument)
-            await self.registers.write(self.layout.message, message)
-            response = await wait_until(
-                lambda: self.registers.read(self.layout.response),
-                lambda v: v != self.pending,
-                awaited=awaited,
-                error=FirmwareTimeout,
-                timeout=self.timeout if timeout is None else timeout,
-                layer=self.layer,
-                expected=self.success,
-                policy=self.policy,
-            )
-            if response != self.success:
-                raise FirmwareError(
-                    f"{awaited}: firmware answered {self.describe(response)}, "
-                    f"expected {self.describe(self.success)}",
-                    code=response,
+        with bounded(
+            awaited=awaited,
+            error=FirmwareTimeout,
+            timeout=self.timeout if timeout is None else timeout,
+            layer=self.layer,
+        ) as bound:
+            async with self._lock:
+                if self._outstanding is not None:
+                    await wait_until(
+                        self._response,
+                        lambda v: v != self.pending,
+                        awaited=f"{self.name} mailbox response to the earlier message "
+                        f"0x{self._outstanding:x}, before sending 0x{message:x}",
+                        within=bound,
+                        policy=self.policy,
+                    )
+                    self._outstanding = None
+                self._outstanding = message
+                await self.registers.write(self.layout.response, self.pending)
+                await self.registers.write(self.layout.argument, argument)
+                await self.registers.write(self.layout.message, message)
+                response = await wait_until(
+                    self._response,
+                    lambda v: v != self.pending,
                     awaited=awaited,
-                    layer=self.layer,
+                    within=bound,
+                    expected=self.success,
+                    policy=self.policy,
                 )
-            if read_argument:
-                return await self.registers.read(self.layout.argument)
-            return response
+                self._outstanding = None
+                if response != self.success:
+                    raise FirmwareError(
+                        f"{awaited}: firmware answered {self.describe(response)}, "
+                        f"expected {self.describe(self.success)}",
+                        code=response,
+                        awaited=awaited,
+                        layer=self.layer,
+                    )
+                if read_argument:
+                    return await self.registers.read(self.layout.argument)
+                return response

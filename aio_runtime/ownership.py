@@ -8,7 +8,8 @@ their own deadline, so a frame whose budget ran out still cleans up, and a hung 
 the caller.
 
 Every stage and every allocation is recorded in the current :class:`Ledger` while it is live; tests
-assert the ledger empty after a fault to prove nothing leaked.
+assert the ledger empty after a fault to prove nothing leaked. A resource whose release failed stays
+in the ledger, marked as such: it was not given back.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextvars
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TypeVar
 
@@ -59,6 +60,13 @@ class Ledger:
     def close(self, entry: LedgerEntry) -> None:
         if self._live.pop(entry.id, None) is None:
             raise ValueError(f"ledger entry {entry} is not live (released twice?)")
+
+    def release_failed(self, entry: LedgerEntry, reason: str) -> None:
+        """Keep ``entry`` live, noting that releasing it failed: the resource has leaked."""
+        if entry.id in self._live:
+            self._live[entry.id] = replace(
+                entry, description=f"{entry.description} (release failed: {reason})"
+            )
 
     def live(self) -> list[LedgerEntry]:
         return list(self._live.values())
@@ -106,9 +114,14 @@ class _Stage:
 async def _release_all(
     name: str, stages: list[_Stage], ledger: Ledger, cleanup_timeout: float
 ) -> list[Exception]:
-    """Release ``stages`` last-first; attempt every one; return the failures."""
+    """Release ``stages`` last-first; attempt every one; return the failures.
+
+    Each release runs shielded from cancellation under its own ``cleanup_timeout``. A release that
+    fails or overruns stays in the ledger (marked failed): the resource was not given back.
+    """
     failures: list[Exception] = []
     for stage in reversed(stages):
+        failure: Exception | None = None
         try:
             with (
                 anyio.CancelScope(shield=True),
@@ -121,17 +134,17 @@ async def _release_all(
                 if inspect.isawaitable(result):
                     await result
             if scope.cancelled_caught:
-                failures.append(
-                    TimeoutError(
-                        f"releasing {stage.label!r} of {name!r} took over {cleanup_timeout} s"
-                    )
+                failure = TimeoutError(
+                    f"releasing {stage.label!r} of {name!r} took over {cleanup_timeout} s"
                 )
         except Exception as exc:
             exc.add_note(f"while releasing {stage.label!r} of {name!r}")
-            failures.append(exc)
-        finally:
+            failure = exc
+        if failure is None:
             ledger.close(stage.entry)
-    stages.clear()
+        else:
+            ledger.release_failed(stage.entry, str(failure))
+            failures.append(failure)
     return failures
 
 
@@ -150,7 +163,8 @@ class Owned:
 
     async def release(self) -> None:
         """Release everything (at most once); raises :class:`RollbackFailed` listing any failures."""
-        failures = await _release_all(self.name, self._stages, self._ledger, self._cleanup_timeout)
+        stages, self._stages = self._stages, []  # a second caller finds nothing left to release
+        failures = await _release_all(self.name, stages, self._ledger, self._cleanup_timeout)
         if failures:
             raise RollbackFailed(
                 f"releasing {self.name!r}: {len(failures)} release(s) failed", failures
@@ -223,7 +237,8 @@ class Stages:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        failures = await _release_all(self.name, self._stages, self._ledger, self.cleanup_timeout)
+        stages, self._stages = self._stages, []
+        failures = await _release_all(self.name, stages, self._ledger, self.cleanup_timeout)
         if not failures:
             return
         if exc is None:

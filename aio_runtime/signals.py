@@ -74,9 +74,6 @@ class TimelineSignal:
         """The current value, as the host reads it (all 64 bits)."""
         return int(self._word[0])
 
-    def _read(self) -> int:
-        return int(self._word[0])
-
     def set(self, value: int) -> None:
         """Host-side store (what a device's release/fence write does)."""
         if not 0 <= value <= _MAX64:
@@ -101,7 +98,7 @@ class TimelineSignal:
             raise ValueError(f"signal target must fit in 64 bits unsigned, got {target!r}")
         compare = " (low 32 bits)" if self.compare_bits == 32 else ""
         return await wait_until(
-            self._read,
+            self._word.item,  # a plain read of the word, as a Python int
             lambda v: self.reached(target, v),
             awaited=f"timeline signal {self.name!r} >= {target}{compare}",
             error=self.error,

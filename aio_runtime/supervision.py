@@ -19,7 +19,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .clock import now
+import anyio
+
+from .clock import now, validate_timeout
 from .health import AvailabilityMachine
 from .log import get_logger
 from .waits import pause
@@ -79,8 +81,13 @@ class Supervisor(Generic[S]):
 
     ``open_session()`` returns an async context manager: entering it opens and readies the session
     (raising if it cannot), leaving it tears the session down — on success, on a fault and on
-    cancellation alike. ``run(session)`` does the session's work until it faults (raises) or is
-    finished (returns).
+    cancellation alike. Teardown runs shielded from cancellation, bounded by ``teardown_timeout``
+    (an overrun is reported as the session's failure). ``run(session)`` does the session's work
+    until it faults (raises) or is finished (returns).
+
+    Every ``Exception`` is retried — the service must not silently stop — except the types in
+    ``fatal``, which end supervision (reported UNAVAILABLE first, then re-raised). Each failure is
+    logged with its traceback.
 
     A session that stayed up for ``healthy_after`` seconds before failing resets the backoff, so an
     occasional fault costs one short delay while a device that fails at once backs off to the cap.
@@ -95,6 +102,8 @@ class Supervisor(Generic[S]):
         availability: AvailabilityMachine | None = None,
         backoff: Backoff | None = None,
         healthy_after: float | None = None,
+        teardown_timeout: float = 5.0,
+        fatal: tuple[type[Exception], ...] = (),
         rng: random.Random | None = None,
     ) -> None:
         self.name = name
@@ -103,6 +112,10 @@ class Supervisor(Generic[S]):
         self.availability = availability
         self.backoff = backoff or Backoff()
         self.healthy_after = self.backoff.cap if healthy_after is None else healthy_after
+        teardown = validate_timeout(teardown_timeout, what="teardown_timeout")
+        assert teardown is not None
+        self.teardown_timeout = teardown
+        self.fatal = fatal
         self._rng = rng or random.Random()
         self._attempts = 0
         self._failures = 0
@@ -129,35 +142,67 @@ class Supervisor(Generic[S]):
             self._attempts += 1
             self._next_delay = None
             attempt = self._attempts
-            self._report(f"{self.name}: opening session (attempt {attempt})")
+            last = f"; last error: {self._last_error}" if self._last_error else ""
+            self._report(f"{self.name}: opening session (attempt {attempt}{last})")
             _log.info("session opening", session=self.name, attempt=attempt)
             opened_at: float | None = None
             try:
-                async with self._open() as session:
-                    opened_at = now()
-                    _log.info("session ready", session=self.name, attempt=attempt)
-                    await self._run(session)
+                session_cm = self._open()
+                session = await session_cm.__aenter__()
+                opened_at = now()
+                _log.info("session ready", session=self.name, attempt=attempt)
+                await self._run_and_teardown(session_cm, session)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                if opened_at is not None and now() - opened_at >= self.healthy_after:
-                    self._consecutive = 0
-                self._failures += 1
-                self._consecutive += 1
-                self._last_error = error
-                delay = self.backoff.delay(self._consecutive, self._rng)
-                self._next_delay = delay
-                self._report(
-                    f"{self.name}: {error} (attempt {attempt} failed; retrying in {delay:.3g} s)"
-                )
-                _log.warning(
-                    "session failed",
-                    session=self.name,
-                    attempt=attempt,
-                    error=error,
-                    retry_in_s=delay,
-                    consecutive_failures=self._consecutive,
-                )
-                await pause(delay)
+                await self._failed(exc, attempt, opened_at)
                 continue
             _log.info("session finished", session=self.name, attempt=attempt)
             return
+
+    async def _run_and_teardown(
+        self, session_cm: AbstractAsyncContextManager[S], session: S
+    ) -> None:
+        try:
+            await self._run(session)
+        except BaseException as exc:
+            if await self._teardown(session_cm, exc):
+                return
+            raise
+        await self._teardown(session_cm, None)
+
+    async def _teardown(
+        self, session_cm: AbstractAsyncContextManager[S], exc: BaseException | None
+    ) -> bool:
+        """Leave the session, shielded and bounded; True if it suppressed ``exc``."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.teardown_timeout) as scope:
+            exc_type = None if exc is None else type(exc)
+            traceback = None if exc is None else exc.__traceback__
+            suppressed = bool(await session_cm.__aexit__(exc_type, exc, traceback))
+        if scope.cancelled_caught:
+            raise TimeoutError(
+                f"{self.name}: session teardown did not finish within {self.teardown_timeout} s"
+            ) from exc
+        return suppressed
+
+    async def _failed(self, exc: Exception, attempt: int, opened_at: float | None) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if opened_at is not None and now() - opened_at >= self.healthy_after:
+            self._consecutive = 0
+        self._failures += 1
+        self._consecutive += 1
+        self._last_error = error
+        if isinstance(exc, self.fatal):
+            self._report(f"{self.name}: {error} (attempt {attempt} failed; not retried)")
+            _log.error("session failed fatally", session=self.name, attempt=attempt, exc_info=exc)
+            raise exc
+        delay = self.backoff.delay(self._consecutive, self._rng)
+        self._next_delay = delay
+        self._report(f"{self.name}: {error} (attempt {attempt} failed; retrying in {delay:.3g} s)")
+        _log.warning(
+            "session failed",
+            session=self.name,
+            attempt=attempt,
+            retry_in_s=delay,
+            consecutive_failures=self._consecutive,
+            exc_info=exc,
+        )
+        await pause(delay)

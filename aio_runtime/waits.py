@@ -11,100 +11,52 @@ Every wait in the project comes through here, so every wait has the same semanti
   the layer, what was awaited, the timeout, the elapsed time and expected/observed values;
 * cancelling it (or timing out) removes the waiter: nothing stays registered.
 
-Entry points:
+Entry points, all built on one :class:`WaitBound`:
 
-* :func:`wait_complete` — for something a callback completes (a :class:`Completion`, an
-  ``anyio.Event``, anything with an awaitable ``wait()``).
-* :func:`wait_until` — for a probe that must satisfy a predicate. A probe is a plain read
-  (a memory word) or an async read (a register read that is itself a USB transfer). Probing follows a
+* :func:`wait_complete` — for something a callback completes (a
+  :class:`~aio_runtime.completion.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
+  that is still in flight when the wait ends is asked to stop and its completion is awaited,
+  shielded and bounded, before the wait returns (so its buffers are not reused under it).
+* :func:`wait_until` — for a probe that must satisfy a predicate. A probe is a plain read (a memory
+  word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
   :class:`~aio_runtime.watcher.MemoryWatcher` thread when sub-millisecond detection matters.
-* :func:`pause` — a bounded sleep (backoff between attempts), the only sleep in the project.
+* :func:`bounded` — one bound over a sequence of steps (take a lock, write registers, poll a
+  response): ``with bounded(...) as bound:`` and pass ``within=bound`` to the waits inside, so the
+  whole sequence shares one deadline and one error.
+* :func:`pause` — a bounded sleep between attempts, the only sleep in the project.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import anyio.lowlevel
 
 from .clock import Deadline, current_deadline, now, validate_timeout
+from .completion import Completion, Waitable
 from .errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
 
 if TYPE_CHECKING:
-    from .watcher import MemoryWatcher, Watch
+    from .watcher import MemoryWatcher
 
 __all__ = [
     "DEFAULT_POLICY",
-    "Completion",
     "PollPolicy",
-    "Waitable",
+    "WaitBound",
+    "bounded",
     "pause",
     "wait_complete",
     "wait_until",
 ]
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
-
-
-class Waitable(Protocol[T_co]):
-    """Anything with an awaitable ``wait()``: :class:`Completion`, ``anyio.Event``."""
-
-    def wait(self) -> Awaitable[T_co]: ...
-
-
-class Completion(Generic[T]):
-    """A one-shot result set by a callback on the event loop thread and awaited by one or more tasks.
-
-    ``set_result``/``set_exception`` must be called on the loop thread (libusb transfer callbacks
-    run there). Code on another thread hands the call to the loop first (see
-    :class:`~aio_runtime.watcher.MemoryWatcher`). Completing twice is an error: a completion
-    represents one event.
-    """
-
-    __slots__ = ("_event", "_exception", "_result", "_set")
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._set = False
-        self._result: T | None = None
-        self._exception: BaseException | None = None
-
-    def done(self) -> bool:
-        return self._set
-
-    def set_result(self, value: T) -> None:
-        self._finish()
-        self._result = value
-        self._event.set()
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._finish()
-        self._exception = exc
-        self._event.set()
-
-    def _finish(self) -> None:
-        if self._set:
-            raise RuntimeError("completion already set")
-        self._set = True
-
-    def result(self) -> T:
-        """The result, or the exception raised; :class:`RuntimeError` if not done yet."""
-        if not self._set:
-            raise RuntimeError("completion not done yet")
-        if self._exception is not None:
-            raise self._exception
-        return self._result  # type: ignore[return-value]
-
-    async def wait(self) -> T:
-        await self._event.wait()
-        return self.result()
 
 
 @dataclass(frozen=True)
@@ -112,8 +64,8 @@ class PollPolicy:
     """How a probe is repeated on the event loop.
 
     First ``spin`` immediate re-reads (each yields to the loop once, so other tasks still run), then
-    sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``. Spins are
-    counted, not timed, so a spin cannot run forever under a virtual clock. asyncio's selector
+    sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``. Spins
+    are counted, not timed, so a spin cannot run forever under a virtual clock. asyncio's selector
     rounds sleeps up to whole milliseconds; for sub-millisecond detection of a memory word use a
     :class:`~aio_runtime.watcher.MemoryWatcher` instead.
     """
@@ -153,20 +105,21 @@ class _NotObserved:
         return "nothing (never read)"
 
 
-_NOT_OBSERVED = _NotObserved()
+_NOT_OBSERVED: Any = _NotObserved()
 
 
-@dataclass
-class _Bound:
-    """The resolved bound of one wait: its own timeout and the enclosing scope, whichever is first."""
+class WaitBound:
+    """The bound of one wait (or of one bounded sequence): its own timeout and the enclosing
+    deadline scope, whichever comes first, and the error to raise when it is reached."""
 
-    started: float
-    timeout: float | None
-    scope: Deadline | None
-    own_at: float
-
-    @classmethod
-    def resolve(cls, timeout: float | None, awaited: str) -> _Bound:
+    def __init__(
+        self,
+        *,
+        awaited: str,
+        error: type[HardwareTimeout],
+        timeout: float | None,
+        layer: Layer | None = None,
+    ) -> None:
         own = validate_timeout(timeout)
         scope = current_deadline()
         if own is None and scope is None:
@@ -175,68 +128,155 @@ class _Bound:
                 "inside aio_runtime.deadline_scope() (a caller's own anyio/asyncio timeout is not "
                 "a bound the runtime can report as a typed hardware timeout)"
             )
-        started = now()
-        return cls(started, own, scope, math.inf if own is None else started + own)
+        self.awaited = awaited
+        self.error = error
+        self.layer = layer if layer is not None else error.default_layer
+        self.started = now()
+        self.timeout = own
+        self.scope: Deadline | None = scope
+        self._own_at = math.inf if own is None else self.started + own
+        self._step: tuple[str, object, object] = (awaited, None, None)
+
+    def note(self, awaited: str, expected: object = None, observed: object = None) -> None:
+        """Record the step in progress: a timeout reports what was awaited and last observed then."""
+        self._step = (awaited, expected, observed)
 
     @property
     def at(self) -> float:
-        scope_at = math.inf if self.scope is None else self.scope.at
-        return min(self.own_at, scope_at)
+        """The absolute deadline on the loop clock."""
+        return min(self._own_at, math.inf if self.scope is None else self.scope.at)
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - now())
 
     def progress(self, when: float) -> None:
-        """Restart the wait's own timer (inactivity timeouts); the scope never moves."""
+        """Restart the own timer from ``when`` (inactivity timeouts); the scope never moves."""
         if self.timeout is not None:
-            self.own_at = when + self.timeout
+            self._own_at = when + self.timeout
 
-    def error(
-        self,
-        *,
-        awaited: str,
-        error: type[HardwareTimeout],
-        layer: Layer | None,
-        expected: object,
-        observed: object,
-    ) -> HardwareTimeout | BudgetExhausted:
+    def timed_out(self) -> HardwareTimeout | BudgetExhausted:
+        """The error for reaching this bound now — the scope's if it was the earlier bound —
+        describing the step in progress (see :meth:`note`)."""
         t = now()
-        layer = layer if layer is not None else error.default_layer
-        if self.scope is not None and self.scope.at <= self.own_at:
+        what, expected, observed = self._step
+        if self.scope is not None and self.scope.at <= self._own_at:
             return BudgetExhausted(
                 budget=self.scope.name,
-                awaited=awaited,
+                awaited=what,
                 timeout=self.scope.budget,
                 elapsed=t - self.scope.started,
-                layer=layer,
+                layer=self.layer,
                 expected=expected,
                 observed=observed,
             )
         assert self.timeout is not None
-        return error(
-            awaited=awaited,
+        return self.error(
+            awaited=what,
             timeout=self.timeout,
             elapsed=t - self.started,
-            layer=layer,
+            layer=self.layer,
             expected=expected,
             observed=observed,
         )
+
+
+def _resolve(
+    within: WaitBound | None,
+    timeout: float | None,
+    awaited: str,
+    error: type[HardwareTimeout] | None,
+    layer: Layer | None,
+) -> WaitBound:
+    if within is not None:
+        if timeout is not None:
+            raise TypeError("pass either timeout= or within=, not both")
+        return within
+    if error is None:
+        raise TypeError("error= (a HardwareTimeout subclass) is required without within=")
+    return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)
+
+
+@contextlib.contextmanager
+def bounded(
+    *,
+    awaited: str,
+    error: type[HardwareTimeout],
+    timeout: float | None = None,
+    layer: Layer | None = None,
+) -> Iterator[WaitBound]:
+    """Run a sequence of steps under one bound; raise the typed error if it is reached inside.
+
+    Waits inside that pass ``within=`` the yielded bound share its deadline, and report their
+    elapsed time from the start of the sequence.
+    """
+    bound = WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)
+    with anyio.CancelScope(deadline=bound.at) as scope:
+        yield bound
+    if scope.cancelled_caught:
+        raise bound.timed_out()
+
+
+def _already_done(completion: Waitable[Any]) -> bool:
+    if isinstance(completion, Completion):
+        return completion.done()
+    if isinstance(completion, anyio.Event):
+        return completion.is_set()
+    return False
+
+
+async def _drain(completion: Waitable[Any], cancel: Callable[[], object], limit: float) -> bool:
+    """Ask the operation to stop, then await its completion — shielded, for at most ``limit``."""
+    cancel()
+    with anyio.CancelScope(shield=True), anyio.move_on_after(limit) as scope:
+        with contextlib.suppress(Exception):  # the cancelled operation's own outcome
+            await completion.wait()
+    return not scope.cancelled_caught
 
 
 async def wait_complete(
     completion: Waitable[T],
     *,
     awaited: str,
-    error: type[HardwareTimeout],
+    error: type[HardwareTimeout] | None = None,
     timeout: float | None = None,
     layer: Layer | None = None,
+    within: WaitBound | None = None,
+    cancel: Callable[[], object] | None = None,
+    drain_timeout: float = 1.0,
 ) -> T:
     """Wait for a callback to complete ``completion`` and return its result.
 
     Raises ``error`` (its own timeout ran out) or :class:`BudgetExhausted` (the enclosing scope's
-    did). An exception the completion carries is re-raised as is.
+    did). An exception the completion carries is re-raised as is. A completion that is already done
+    returns at once, even with no time left.
+
+    ``cancel``: when the wait ends without the completion (timeout, budget or cancellation of the
+    waiting task), call ``cancel()`` to ask the operation to stop (cancel a USB transfer, terminate
+    an inference run), then await the completion — shielded, for at most ``drain_timeout`` — so the
+    caller regains ownership of the operation's buffers. If it does not arrive, the timeout error
+    says so and has ``in_flight = True``: the buffers still belong to the operation.
     """
-    bound = _Bound.resolve(timeout, awaited)
-    with anyio.move_on_at(bound.at):
+    bound = _resolve(within, timeout, awaited, error, layer)
+    bound.note(awaited)
+    if _already_done(completion):
         return await completion.wait()
-    raise bound.error(awaited=awaited, error=error, layer=layer, expected=None, observed=None)
+    drain = validate_timeout(drain_timeout, what="drain_timeout")
+    assert drain is not None
+    try:
+        with anyio.CancelScope(deadline=bound.at):
+            return await completion.wait()
+    except BaseException:
+        if cancel is not None and not _already_done(completion):
+            await _drain(completion, cancel, drain)
+        raise
+    exc = bound.timed_out()
+    if cancel is not None and not await _drain(completion, cancel, drain):
+        exc.in_flight = True
+        exc.add_note(
+            f"the operation did not stop within {drain:g} s of being cancelled; "
+            "its buffers still belong to it"
+        )
+    raise exc
 
 
 @overload
@@ -245,9 +285,10 @@ async def wait_until(
     predicate: Callable[[T], bool],
     *,
     awaited: str,
-    error: type[HardwareTimeout],
+    error: type[HardwareTimeout] | None = None,
     timeout: float | None = None,
     layer: Layer | None = None,
+    within: WaitBound | None = None,
     expected: object = None,
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
@@ -261,9 +302,10 @@ async def wait_until(
     predicate: Callable[[T], bool],
     *,
     awaited: str,
-    error: type[HardwareTimeout],
+    error: type[HardwareTimeout] | None = None,
     timeout: float | None = None,
     layer: Layer | None = None,
+    within: WaitBound | None = None,
     expected: object = None,
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
@@ -276,9 +318,10 @@ async def wait_until(
     predicate: Callable[[Any], bool],
     *,
     awaited: str,
-    error: type[HardwareTimeout],
+    error: type[HardwareTimeout] | None = None,
     timeout: float | None = None,
     layer: Layer | None = None,
+    within: WaitBound | None = None,
     expected: object = None,
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
@@ -286,23 +329,26 @@ async def wait_until(
 ) -> Any:
     """Read ``probe`` until ``predicate(value)`` holds; return that value.
 
-    ``probe`` is a plain read or returns an awaitable (an async register read). The last value read
-    is reported as ``observed`` on timeout, ``expected`` as given. When the bound is reached the
-    probe is read once more before giving up, so a value that arrived exactly at the deadline counts.
+    ``probe`` is a plain read or returns an awaitable (an async register read). The probe is read
+    at least once, so a condition that already holds returns even with no time left. The last value
+    read is reported as ``observed`` on timeout, ``expected`` as given. A plain read is taken once
+    more when the bound is reached, so a value that arrived exactly at the deadline counts (an
+    async read is not: it would need time the bound no longer has).
 
     ``reset_on_progress=True`` turns the wait's own timeout into an inactivity timeout: the timer
     restarts whenever the observed value changes (tinygrad's signal semantics). An enclosing
     deadline scope is absolute and never moves.
 
     ``watcher``: probe on that watcher's thread instead of the loop (``probe`` must then be a plain
-    read); the waiting task is woken thread-safely, within the watcher's polling interval.
+    read); the waiting task is woken thread-safely.
     """
-    bound = _Bound.resolve(timeout, awaited)
+    bound = _resolve(within, timeout, awaited, error, layer)
+    bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
         return await _wait_watched(
-            watcher, probe, predicate, bound, awaited, error, layer, expected, reset_on_progress
+            watcher, probe, predicate, bound, awaited, expected, reset_on_progress
         )
-    observed: object = _NOT_OBSERVED
+    observed: Any = _NOT_OBSERVED
     probe_is_async = False
     intervals = policy.intervals()
     with anyio.CancelScope(deadline=bound.at) as scope:
@@ -317,6 +363,7 @@ async def wait_until(
                 bound.progress(now())
                 scope.deadline = bound.at
             observed = value
+            bound.note(awaited, expected, observed)
             t = now()
             if t >= bound.at:
                 break
@@ -326,30 +373,29 @@ async def wait_until(
             else:
                 await anyio.sleep(min(delay, bound.at - t))
     if scope.cancelled_caught and not probe_is_async:
-        # The bound cancelled a sleep between reads: one last read, as the docstring promises.
         value = probe()
         if predicate(value):
             return value
-        observed = value
-    raise bound.error(
-        awaited=awaited, error=error, layer=layer, expected=expected, observed=observed
-    )
+        bound.note(awaited, expected, value)
+    raise bound.timed_out()
 
 
 async def _wait_watched(
     watcher: MemoryWatcher,
     probe: Callable[[], Any],
     predicate: Callable[[Any], bool],
-    bound: _Bound,
+    bound: WaitBound,
     awaited: str,
-    error: type[HardwareTimeout],
-    layer: Layer | None,
     expected: object,
     reset_on_progress: bool,
 ) -> Any:
     if inspect.iscoroutinefunction(probe):
         raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
-    watch: Watch[Any] = watcher.watch(probe, predicate, track_progress=reset_on_progress)
+    value = probe()  # on the loop first: no thread hop when the condition already holds
+    if predicate(value):
+        return value
+    bound.note(awaited, expected, value)
+    watch = watcher.watch(probe, predicate, track_progress=reset_on_progress)
     try:
         while True:
             with anyio.move_on_at(bound.at):
@@ -361,9 +407,11 @@ async def _wait_watched(
             break
     finally:
         watch.cancel()
-    raise bound.error(
-        awaited=awaited, error=error, layer=layer, expected=expected, observed=watch.last_value
-    )
+    value = probe()  # the final read at the bound
+    if predicate(value):
+        return value
+    bound.note(awaited, expected, value)
+    raise bound.timed_out()
 
 
 async def pause(seconds: float) -> None:

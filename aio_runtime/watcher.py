@@ -21,13 +21,16 @@ for the GIL, and the loop's own timers were measured to fire late by about the s
 
 Use it through :func:`aio_runtime.wait_until` (``watcher=...``) or a
 :class:`~aio_runtime.signals.TimelineSignal` built with one; both remove the watch when the wait
-ends for any reason. Virtual time does not reach this thread: under a virtual clock, probe on the
-loop (the default) instead.
+ends for any reason, and once a watch is removed its probe is never called again (sweeps run under
+the watcher's lock), so the memory behind it may be released. A probe or predicate that raises
+fails its own waiter only; if the thread itself stops, every pending waiter fails with
+:class:`WatcherStopped` and the next watch starts a new thread.
+
+Virtual time does not reach this thread: under a virtual clock, probe on the loop (the default).
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
 import functools
@@ -38,33 +41,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import anyio.lowlevel
+import numpy as np
 
-from .waits import Completion
+from ._loop import loop_hooks
+from .completion import Completion
+from .log import get_logger
 
-__all__ = ["MemoryWatcher", "Watch", "WatcherStatistics"]
+__all__ = ["MemoryWatcher", "Watch", "WatcherStatistics", "WatcherStopped"]
 
 T = TypeVar("T")
-Wake = Callable[[Callable[[], object]], object]
 
 _PR_SET_TIMERSLACK = 29
 
+_log = get_logger("aio_runtime.watcher")
 
-def _current_loop_hooks() -> tuple[Wake, Callable[[], float]]:
-    """The running loop's thread-safe "call this soon on the loop" function, and its clock.
 
-    The clock is read inside those callbacks, where no task is current, so it must be the loop's
-    own function rather than anyio's task-based lookup.
-    """
-    native = anyio.lowlevel.current_token().native_token
-    if isinstance(native, asyncio.AbstractEventLoop):
-        return native.call_soon_threadsafe, native.time
-    run_sync_soon: Wake | None = getattr(native, "run_sync_soon", None)
-    if run_sync_soon is None:
-        raise RuntimeError(f"no thread-safe wake-up for event loop token {native!r}")
-    import trio
-
-    return run_sync_soon, trio.current_time
+class WatcherStopped(RuntimeError):
+    """The watcher was closed, or its thread stopped, while a wait was pending on it."""
 
 
 def _tighten_timer_slack() -> None:
@@ -78,6 +71,16 @@ def _tighten_timer_slack() -> None:
         ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     except (OSError, AttributeError):
         return
+
+
+def _differs(a: object, b: object) -> bool:
+    """Whether two probe values differ (numpy arrays compare element-wise)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return not np.array_equal(np.asarray(a), np.asarray(b))
+    try:
+        return bool(a != b)
+    except Exception:
+        return True
 
 
 class Watch(Generic[T]):
@@ -94,7 +97,7 @@ class Watch(Generic[T]):
         self.probe = probe
         self.predicate = predicate
         self.track_progress = track_progress
-        self._wake, self._clock = _current_loop_hooks()
+        self._wake, self._clock = loop_hooks()
         self._completion: Completion[T] = Completion()
         self.started = time.monotonic()
         self.last_value: object = None
@@ -105,7 +108,7 @@ class Watch(Generic[T]):
         return await self._completion.wait()
 
     def cancel(self) -> None:
-        """Stop watching; safe to call more than once and after completion."""
+        """Stop watching. Once this returns the probe is not called again. Idempotent."""
         self._watcher._discard(self)
 
     # Called on the watcher thread.
@@ -187,9 +190,9 @@ class MemoryWatcher:
         watch = Watch(self, probe, predicate, track_progress)
         with self._cond:
             if self._closed:
-                raise RuntimeError(f"memory watcher {self.name!r} is closed")
+                raise WatcherStopped(f"memory watcher {self.name!r} is closed")
             self._watches[id(watch)] = watch
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=f"memory-watcher-{self.name}", daemon=True
                 )
@@ -207,12 +210,15 @@ class MemoryWatcher:
             )
 
     def close(self) -> None:
-        """Stop the thread. Pending watches are dropped; their waits time out as usual."""
+        """Stop the thread; pending waits fail at once with :class:`WatcherStopped`.
+
+        Returns within one sweep pause (at most ``max_interval``) once the thread has seen it.
+        """
         with self._cond:
             self._closed = True
-            self._watches.clear()
             self._cond.notify()
             thread = self._thread
+        self._stopped(WatcherStopped(f"memory watcher {self.name!r} was closed"))
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
 
@@ -222,18 +228,31 @@ class MemoryWatcher:
 
     def _run(self) -> None:
         _tighten_timer_slack()
-        while True:
-            with self._cond:
-                while not self._watches and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                pending = list(self._watches.values())
-                self._sweeps += 1
-            for watch in pending:
-                self._sweep_one(watch)
-            youngest = time.monotonic() - max(watch.started for watch in pending)
-            time.sleep(self._pause(youngest))
+        try:
+            while True:
+                with self._cond:
+                    while not self._watches and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    self._sweeps += 1
+                    pending = list(self._watches.values())
+                    for watch in pending:
+                        self._sweep_one(watch)
+                youngest = time.monotonic() - max(watch.started for watch in pending)
+                time.sleep(self._pause(youngest))
+        except BaseException as exc:  # nothing may escape unseen: fail the waiters, log, end
+            _log.error("memory watcher thread stopped", watcher=self.name, exc_info=exc)
+            self._stopped(WatcherStopped(f"memory watcher {self.name!r} stopped: {exc!r}"))
+
+    def _stopped(self, reason: WatcherStopped) -> None:
+        """Fail every pending watch; the next :meth:`watch` starts a new thread."""
+        with self._cond:
+            pending = list(self._watches.values())
+            self._watches.clear()
+            self._thread = None
+        for watch in pending:
+            watch._deliver(functools.partial(watch._fail, reason))
 
     def _pause(self, waited: float) -> float:
         """Sleep between sweeps once the youngest watch has waited ``waited`` seconds."""
@@ -242,27 +261,23 @@ class MemoryWatcher:
         return min(self.max_interval, max(self.first_interval, (waited - self.spin) / 4))
 
     def _sweep_one(self, watch: Watch[Any]) -> None:
+        """Probe one watch; called with the lock held."""
         try:
             value = watch.probe()
-            satisfied = watch.predicate(value)
+            satisfied = bool(watch.predicate(value))
         except Exception as exc:  # a broken probe fails its waiter instead of the watcher
-            if self._take(watch):
-                watch._deliver(functools.partial(watch._fail, exc))
+            self._take(watch, functools.partial(watch._fail, exc))
             return
         if satisfied:
-            if self._take(watch):
-                watch._deliver(functools.partial(watch._finish, value))
+            self._take(watch, functools.partial(watch._finish, value))
             return
-        if value != watch.last_value:
+        if _differs(value, watch.last_value):
             changed = watch.last_value is not None
             watch.last_value = value
             if changed and watch.track_progress:
                 watch._deliver(watch._note_progress)
 
-    def _take(self, watch: Watch[Any]) -> bool:
-        """Remove a watch that is about to be delivered; False if it was cancelled meanwhile."""
-        with self._cond:
-            if self._watches.pop(id(watch), None) is None:
-                return False
-            self._completed += 1
-            return True
+    def _take(self, watch: Watch[Any], outcome: Callable[[], object]) -> None:
+        del self._watches[id(watch)]
+        self._completed += 1
+        watch._deliver(outcome)

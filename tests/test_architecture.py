@@ -15,6 +15,8 @@ PACKAGES = ("aio_runtime", "transports", "pipelines")
 # Where sleeping or spinning is allowed: the wait primitive and the watcher thread.
 WAIT_MODULES = {"aio_runtime/waits.py", "aio_runtime/watcher.py"}
 SLEEP_CALLS = {"sleep", "sleep_until", "sleep_forever", "checkpoint", "cancel_shielded_checkpoint"}
+# pause() is the bounded sleep between attempts; in a loop anywhere else it is a polling loop.
+RETRY_LOOPS = {"aio_runtime/supervision.py", "aio_runtime/testing/_scripted.py"}
 
 
 def sources(package: str):
@@ -58,22 +60,30 @@ def call_name(node: ast.Call) -> str | None:
 
 
 def stray_waits(path: str, tree: ast.AST) -> list[str]:
-    """Sleeps and yield-spins outside the wait primitive, and busy loops with no await at all
-    around a read that looks like polling (a ``while`` whose test calls something)."""
+    """Sleeps and yield-spins outside the wait primitive; ``pause()`` in a loop (a polling loop);
+    ``while`` loops that poll a call without awaiting; loops in coroutines that never await (they
+    block the event loop)."""
     found = []
+    if path in WAIT_MODULES:
+        return found
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and call_name(node) in SLEEP_CALLS
-            and path not in WAIT_MODULES
-        ):
+        if isinstance(node, ast.Call) and call_name(node) in SLEEP_CALLS:
             found.append(f"{path}:{node.lineno}: {call_name(node)}() outside the wait primitive")
-        if isinstance(node, ast.While) and path not in WAIT_MODULES:
+        if isinstance(node, (ast.While, ast.For, ast.AsyncFor)) and path not in RETRY_LOOPS:
+            if any(isinstance(n, ast.Call) and call_name(n) == "pause" for n in ast.walk(node)):
+                found.append(f"{path}:{node.lineno}: pause() in a loop (a polling loop)")
+        if isinstance(node, ast.While):
             test_calls = [n for n in ast.walk(node.test) if isinstance(n, ast.Call)]
             body_awaits = any(isinstance(n, ast.Await) for n in ast.walk(node))
             if test_calls and not body_awaits:
                 found.append(f"{path}:{node.lineno}: a while loop polling a call")
-    return found
+        if isinstance(node, ast.AsyncFunctionDef):
+            for loop in ast.walk(node):
+                if isinstance(loop, ast.While) and not any(
+                    isinstance(n, ast.Await) for n in ast.walk(loop)
+                ):
+                    found.append(f"{path}:{loop.lineno}: a loop in a coroutine that never awaits")
+    return sorted(set(found))
 
 
 def test_every_wait_goes_through_the_primitive():
@@ -94,6 +104,8 @@ def test_every_wait_goes_through_the_primitive():
         "        await asyncio.sleep(0.001)\n",
         "async def f():\n    await anyio.lowlevel.checkpoint()\n",
         "while not ready():\n    pass\n",
+        "async def f():\n    while read() < 5:\n        await pause(0.001)\n",
+        "async def f():\n    while True:\n        if read():\n            return\n",
     ],
 )
 def test_the_scan_catches_polling_and_sleep_loops(snippet):

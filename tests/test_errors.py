@@ -97,3 +97,16 @@ def test_map_exceptions_lets_unmatched_and_runtime_faults_through():
         with map_exceptions({Exception: DeviceLost}):
             raise original
     assert info.value is original
+
+
+def test_map_exceptions_never_turns_a_timeout_into_another_fault():
+    with pytest.raises(TimeoutError) as info:
+        with map_exceptions({OSError: DeviceLost}):
+            raise TimeoutError()
+    assert not isinstance(info.value, DeviceLost)
+
+
+def test_map_exceptions_names_an_exception_that_has_no_message():
+    with pytest.raises(TransferError, match=r"bulk IN: OSError"):
+        with map_exceptions({OSError: TransferError}, awaited="bulk IN"):
+            raise OSError()

@@ -147,3 +147,33 @@ def test_output_invalid_does_not_touch_lower_layers():
     readiness.mark_down(ReadinessLayer.OUTPUT_VALID, "NaN in output")
     assert readiness.is_up(ReadinessLayer.TASK_COMPLETE)
     assert not readiness.is_up(ReadinessLayer.OUTPUT_VALID)
+
+
+def test_leaving_unavailable_for_degraded_also_needs_n_results_in_a_row():
+    machine = AvailabilityMachine(recover_after=3)
+    machine.report_unavailable("usb timeout")
+    for _ in range(5):  # a device alternating between failing and producing stays unavailable
+        machine.report_degraded("stale calibration")
+        machine.report_unavailable("usb timeout")
+    assert str(machine.state) == "unavailable(usb timeout)"
+    machine.report_degraded("stale calibration")
+    machine.report_good()
+    assert machine.state.availability is U
+    machine.report_good()
+    assert str(machine.state) == "degraded(stale calibration)"
+    machine.report_good()
+    assert machine.state.availability is A
+
+
+def test_a_subscriber_that_falls_too_far_behind_is_disconnected_not_buffered_forever():
+    machine = AvailabilityMachine(recover_after=1, max_backlog=4)
+    with machine.subscribe() as stream:
+        for i in range(10):
+            machine.report_unavailable(f"fault {i}")
+        received = []
+        with pytest.raises(anyio.EndOfStream):
+            while True:
+                received.append(stream.receive_nowait())
+    assert len(received) == 4  # what it had buffered, in order; then its stream ended
+    assert received[0].previous is None
+    assert [t.seq for t in received] == sorted(t.seq for t in received)

@@ -67,3 +67,9 @@ def test_context_is_removed_after_the_block():
         get_logger("t").info("outside")
     assert entries[0]["frame_id"] == 1 and "stage" not in entries[0]
     assert "frame_id" not in entries[1]
+
+
+def test_bad_arguments_are_rejected_even_when_already_configured(fresh_logging):
+    assert configure_logging("json", stream=io.StringIO())
+    with pytest.raises(ValueError, match="mode"):
+        configure_logging("xml")  # type: ignore[arg-type]

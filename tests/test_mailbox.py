@@ -17,6 +17,7 @@ from aio_runtime import (
     deadline_scope,
     now,
     wait_register,
+    wait_until,
 )
 from aio_runtime.testing import Reply, ScriptedFirmware, ScriptedProbe, virtual_time
 
@@ -136,3 +137,61 @@ async def test_memory_registers_check_index_and_width():
         await regs.write(0, 1 << 32)
     with pytest.raises(ValueError):
         MemoryRegisters(np.zeros(4, dtype=np.int64))
+
+
+async def test_a_queued_send_is_bounded_by_its_own_timeout_including_the_wait_for_the_lock():
+    firmware = ScriptedFirmware(SMU, default=Reply(code=1, after=5.0))
+    mailbox = smu(firmware, timeout=10.0)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(mailbox.send, 0x01)
+        await wait_until(
+            lambda: len(firmware.requests),
+            bool,
+            awaited="first send written",
+            error=FirmwareTimeout,
+            timeout=1.0,
+        )
+        start = now()
+        with pytest.raises(FirmwareTimeout) as info:
+            await mailbox.send(0x02, timeout=0.5)
+        assert now() - start == pytest.approx(0.5)
+    assert info.value.timeout == 0.5
+
+
+async def test_a_hung_register_write_is_bounded():
+    class HungWrites(MemoryRegisters):
+        async def write(self, index: int, value: int) -> None:
+            await anyio.Event().wait()
+
+    mailbox = Mailbox(HungWrites(128), SMU, name="SMU", timeout=10.0)
+    async with virtual_time():
+        with deadline_scope(0.05, name="boot"):
+            with pytest.raises(BudgetExhausted):
+                await mailbox.send(0x06)
+        with pytest.raises(FirmwareTimeout) as info:
+            await mailbox.send(0x06, timeout=0.1)
+    assert info.value.elapsed == pytest.approx(0.1)
+
+
+async def test_after_a_timeout_the_next_send_waits_for_the_outstanding_answer_first():
+    firmware = ScriptedFirmware(SMU, replies={0x10: Reply(code=1, after=0.3)})
+    mailbox = smu(firmware)
+    async with virtual_time():
+        start = now()
+        with pytest.raises(FirmwareTimeout):
+            await mailbox.send(0x10, timeout=0.2)
+        assert await mailbox.send(0x20) == 1
+        assert now() - start >= 0.3
+    # firmware handled both messages, in order, and never received one while busy
+    assert [msg for _, msg, _ in firmware.requests] == [0x10, 0x20]
+    assert firmware.ignored == []
+    assert firmware.requests[1][0] - start >= 0.3
+
+
+async def test_scripted_firmware_ignores_a_message_sent_while_it_is_busy():
+    firmware = ScriptedFirmware(SMU, default=Reply(code=1, after=1.0))
+    async with virtual_time():
+        await firmware.write(SMU.message, 0x10)
+        await firmware.write(SMU.message, 0x20)
+    assert [msg for _, msg, _ in firmware.requests] == [0x10]
+    assert [msg for _, msg, _ in firmware.ignored] == [0x20]

@@ -205,4 +205,44 @@ def test_rollback_releases_exactly_what_was_acquired(n_stages, fail_at, failing_
     except (LookupError, RollbackFailed):
         pass
     assert released == acquired[::-1]
+    # a release that failed is a leak, and the ledger keeps saying so
+    leaked = sorted(int(e.description.split("/")[1].split()[0]) for e in ledger.live())
+    assert leaked == sorted(set(acquired) & failing_releases)
+
+
+async def test_a_failed_release_stays_in_the_ledger_as_a_leak():
+    ledger = Ledger()
+
+    async def hang(name):
+        await anyio.Event().wait()
+
+    async with virtual_time():
+        with pytest.raises(RollbackFailed):
+            async with Stages("buf", cleanup_timeout=1.0, ledger=ledger) as stages:
+                await stages.acquire(lambda: "dma", hang, label="dma")
+                await stages.acquire(lambda: "map", lambda _: None, label="map")
+                raise OSError("bind failed")
+    live = [str(e) for e in ledger.live()]
+    assert len(live) == 1
+    assert live[0].startswith("stage: buf/dma (release failed: releasing 'dma' of 'buf' took over")
+    with pytest.raises(AssertionError, match="release failed"):
+        ledger.assert_empty()
+
+
+async def test_concurrent_releases_release_each_stage_once():
+    released = []
+
+    async def give(name):
+        await anyio.sleep(0.01)
+        released.append(name)
+
+    ledger = Ledger()
+    async with Stages("buf", ledger=ledger) as stages:
+        await stages.acquire(lambda: "va", give, label="va")
+        await stages.acquire(lambda: "pa", give, label="pa")
+        owned = stages.commit()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(owned.release)
+        tg.start_soon(owned.release)
+    assert released == ["pa", "va"]
     ledger.assert_empty()

@@ -117,9 +117,9 @@ async def test_each_attempt_and_failure_reaches_the_availability_machine():
     assert reasons == [
         "gpu: opening session (attempt 1)",
         "gpu: DeviceLost: [host] bridge not enumerated (attempt 1 failed; retrying in 0.1 s)",
-        "gpu: opening session (attempt 2)",
+        "gpu: opening session (attempt 2; last error: DeviceLost: [host] bridge not enumerated)",
         "gpu: DeviceLost: [host] bridge not enumerated (attempt 2 failed; retrying in 0.2 s)",
-        "gpu: opening session (attempt 3)",
+        "gpu: opening session (attempt 3; last error: DeviceLost: [host] bridge not enumerated)",
     ]
     assert all(s.availability is Availability.UNAVAILABLE for s in recorder.states())
 
@@ -173,3 +173,74 @@ async def test_a_session_that_fails_quickly_keeps_backing_off():
         with anyio.move_on_after(5):
             await supervisor.run()
     assert gaps(device.open_times)[:3] == pytest.approx([0.6, 0.7, 0.9])
+
+
+class SlowTeardownDevice:
+    def __init__(self, teardown_takes: float):
+        self.teardown_takes = teardown_takes
+        self.log: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def open(self):
+        try:
+            yield self
+        finally:
+            self.log.append("teardown start")
+            await anyio.sleep(self.teardown_takes)  # reset queues, free memory, ...
+            self.log.append("teardown done")
+
+    async def run(self, session):
+        await anyio.sleep(100.0)
+
+
+async def test_cancelling_supervision_lets_an_awaiting_teardown_finish():
+    device = SlowTeardownDevice(teardown_takes=0.2)
+    supervisor = Supervisor("gpu", device.open, device.run)
+    async with virtual_time():
+        with anyio.move_on_after(1.0):
+            await supervisor.run()
+    assert device.log == ["teardown start", "teardown done"]
+
+
+async def test_a_teardown_that_overruns_is_cut_and_counted_as_a_failure():
+    device = SlowTeardownDevice(teardown_takes=100.0)
+
+    async def fail(session):
+        raise DeviceLost("gone")
+
+    supervisor = Supervisor(
+        "gpu", device.open, fail, teardown_timeout=0.5, backoff=Backoff(initial=1.0, cap=1.0)
+    )
+    async with virtual_time():
+        with anyio.move_on_after(1.2):
+            await supervisor.run()
+    assert "teardown did not finish within 0.5 s" in supervisor.statistics().last_error
+
+
+async def test_a_fatal_error_ends_supervision_after_reporting_it():
+    machine = AvailabilityMachine()
+
+    @contextlib.asynccontextmanager
+    async def open_session():
+        yield None
+
+    async def run(session):
+        raise TypeError("bug in the session code")
+
+    supervisor = Supervisor("gpu", open_session, run, availability=machine, fatal=(TypeError,))
+    with pytest.raises(TypeError):
+        await supervisor.run()
+    assert (
+        machine.state.reason
+        == "gpu: TypeError: bug in the session code (attempt 1 failed; not retried)"
+    )
+
+
+async def test_each_failure_is_logged_with_its_traceback(captured_logs):
+    device = FlakyDevice(failures=1)
+    supervisor = Supervisor("gpu", device.open, device.run, backoff=Backoff(initial=0.1, cap=1))
+    async with virtual_time():
+        await supervisor.run()
+    failures = [e for e in captured_logs if e["event"] == "session failed"]
+    assert len(failures) == 1
+    assert isinstance(failures[0]["exc_info"], DeviceLost)

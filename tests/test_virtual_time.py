@@ -69,3 +69,29 @@ def test_trio_without_a_mock_clock_is_refused_with_a_clear_error():
 
     with pytest.raises(RuntimeError, match="MockClock"):
         trio.run(main)
+
+
+async def test_work_on_a_worker_thread_is_jumped_past_unless_the_loop_waits_for_it():
+    from aio_runtime import UsbTransferTimeout, wait_complete
+    from aio_runtime.completion import Completion
+
+    async def blocking_call_with_timeout(threshold: float) -> str:
+        done: Completion[str] = Completion()
+        setter = done.threadsafe_setter()
+
+        def work() -> None:
+            time.sleep(0.02)  # a blocking library call, 20 ms of real time
+            setter.set_result("ok")
+
+        async with virtual_time(autojump_threshold=threshold):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, work)
+                try:
+                    return await wait_complete(
+                        done, awaited="pyusb bulk read", error=UsbTransferTimeout, timeout=1.0
+                    )
+                except UsbTransferTimeout:
+                    return "timed out"
+
+    assert await blocking_call_with_timeout(0.0) == "timed out"  # as documented
+    assert await blocking_call_with_timeout(0.5) == "ok"

@@ -17,6 +17,7 @@ from aio_runtime import (
     SignalTimeout,
     UnboundedWaitError,
     UsbTransferTimeout,
+    bounded,
     deadline_scope,
     now,
     wait_complete,
@@ -81,9 +82,11 @@ async def test_completion_set_by_a_callback_later_is_returned():
 
 async def test_completion_exception_is_reraised_unchanged():
     completion: Completion[int] = Completion()
-    completion.set_exception(KeyError("boom"))
-    with pytest.raises(KeyError):
+    original = KeyError("boom")
+    completion.set_exception(original)
+    with pytest.raises(KeyError) as info:
         await wait_complete(completion, awaited="x", error=UsbTransferTimeout, timeout=1)
+    assert info.value is original
 
 
 async def test_completion_cannot_complete_twice():
@@ -286,3 +289,130 @@ def test_poll_policy_intervals_spin_then_grow_to_the_cap():
 def test_poll_policy_rejects_nonsense(kwargs):
     with pytest.raises(ValueError):
         PollPolicy(**kwargs)
+
+
+async def test_a_done_completion_returns_even_with_no_time_left():
+    completion: Completion[int] = Completion()
+    completion.set_result(5)
+    assert await wait_complete(completion, awaited="x", error=SignalTimeout, timeout=0) == 5
+    async with virtual_time():
+        with deadline_scope(0.01, name="spent"):
+            await anyio.sleep(0.02)
+            assert await wait_complete(completion, awaited="x", error=SignalTimeout) == 5
+
+
+class CancellableOperation:
+    """An in-flight operation (a USB transfer, an inference run) that stops some time after
+    being asked to, or never."""
+
+    def __init__(self, stops_after: float | None):
+        self.completion: Completion[str] = Completion()
+        self.stops_after = stops_after
+        self.cancel_requested_at: float | None = None
+        self.task_group = None
+
+    def cancel(self) -> None:
+        self.cancel_requested_at = now()
+        if self.stops_after is not None:
+            self.task_group.start_soon(self._stop)
+
+    async def _stop(self) -> None:
+        await anyio.sleep(self.stops_after)
+        self.completion.set_result("cancelled")
+
+
+async def test_timeout_cancels_the_operation_and_awaits_its_completion():
+    op = CancellableOperation(stops_after=0.05)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        start = now()
+        with pytest.raises(UsbTransferTimeout) as info:
+            await wait_complete(
+                op.completion,
+                awaited="bulk IN",
+                error=UsbTransferTimeout,
+                timeout=1.0,
+                cancel=op.cancel,
+            )
+        assert op.cancel_requested_at == pytest.approx(start + 1.0)
+        assert now() == pytest.approx(start + 1.05)  # returned only once the operation stopped
+    assert op.completion.done()
+    assert info.value.in_flight is False
+
+
+async def test_an_operation_that_ignores_cancel_is_reported_in_flight():
+    op = CancellableOperation(stops_after=None)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        start = now()
+        with pytest.raises(UsbTransferTimeout) as info:
+            await wait_complete(
+                op.completion,
+                awaited="bulk IN",
+                error=UsbTransferTimeout,
+                timeout=1.0,
+                cancel=op.cancel,
+                drain_timeout=0.5,
+            )
+        assert now() == pytest.approx(start + 1.5)
+    assert info.value.in_flight is True
+    assert any("still belong to it" in note for note in info.value.__notes__)
+
+
+async def test_a_cancelled_waiter_drains_the_operation_before_unwinding():
+    op = CancellableOperation(stops_after=0.2)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        start = now()
+        with anyio.move_on_after(0.5):
+            await wait_complete(
+                op.completion,
+                awaited="bulk IN",
+                error=UsbTransferTimeout,
+                timeout=10.0,
+                cancel=op.cancel,
+            )
+        assert now() == pytest.approx(start + 0.7)
+    assert op.completion.done()
+
+
+async def test_a_bounded_sequence_shares_one_deadline_and_reports_the_step_in_progress():
+    step_one: Completion[None] = Completion()
+    async with virtual_time(), anyio.create_task_group() as tg:
+
+        async def finish_step_one():
+            await anyio.sleep(0.4)
+            step_one.set_result(None)
+
+        tg.start_soon(finish_step_one)
+        with pytest.raises(FirmwareTimeout) as info:
+            with bounded(awaited="PSP ring submit", error=FirmwareTimeout, timeout=1.0) as bound:
+                await wait_complete(step_one, awaited="ring write", within=bound)
+                await wait_until(
+                    ScriptedProbe.never(initial=7),
+                    lambda v: v == 9,
+                    awaited="ring fence == 9",
+                    within=bound,
+                    expected=9,
+                )
+    exc = info.value
+    assert (exc.timeout, exc.elapsed) == (1.0, pytest.approx(1.0))
+    assert exc.awaited == "ring fence == 9"
+    assert (exc.expected, exc.observed) == (9, 7)
+
+
+async def test_a_bounded_sequence_bounds_steps_that_are_not_waits():
+    async with virtual_time():
+        with pytest.raises(FirmwareTimeout) as info:
+            with bounded(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=0.3):
+                await anyio.Event().wait()  # a register write that never completes
+    assert info.value.elapsed == pytest.approx(0.3)
+    assert info.value.awaited == "SMU message 0x6"
+
+
+async def test_within_excludes_timeout_and_error_is_required_without_it():
+    with bounded(awaited="x", error=SignalTimeout, timeout=1.0) as bound:
+        with pytest.raises(TypeError, match="either"):
+            await wait_until(lambda: 1, bool, awaited="x", within=bound, timeout=1.0)
+    with pytest.raises(TypeError, match="error="):
+        await wait_until(lambda: 1, bool, awaited="x", timeout=1.0)

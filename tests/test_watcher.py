@@ -11,7 +11,15 @@ import anyio
 import numpy as np
 import pytest
 
-from aio_runtime import MemoryWatcher, SignalTimeout, TimelineSignal, wait_until
+from aio_runtime import (
+    BudgetExhausted,
+    MemoryWatcher,
+    SignalTimeout,
+    TimelineSignal,
+    WatcherStopped,
+    deadline_scope,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -160,7 +168,7 @@ async def test_watched_inactivity_timeout_follows_progress(watcher):
 async def test_closed_watcher_refuses_new_watches():
     watcher = MemoryWatcher("closed")
     watcher.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(WatcherStopped, match="closed"):
         await wait_until(
             lambda: 0, bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
         )
@@ -188,3 +196,110 @@ def test_watcher_policy_spins_then_backs_off_to_its_cap():
 def test_watcher_rejects_a_nonsense_policy(kwargs):
     with pytest.raises(ValueError):
         MemoryWatcher("bad", **kwargs)
+
+
+async def test_a_condition_that_already_holds_needs_no_thread_and_no_time(watcher):
+    memory = np.full(1, 5, dtype=np.uint64)
+    signal = TimelineSignal(memory, name="done", watcher=watcher)
+    assert await signal.wait(5, timeout=0) == 5
+    assert not watcher.statistics().running
+
+
+async def test_a_watched_wait_inside_a_frame_budget_reports_the_budget(watcher):
+    memory = np.full(1, 2, dtype=np.uint64)
+    with deadline_scope(0.03, name="frame 8"):
+        with pytest.raises(BudgetExhausted) as info:
+            await TimelineSignal(memory, name="gpu", watcher=watcher).wait(3, timeout=5.0)
+    assert info.value.budget == "frame 8"
+    assert (info.value.expected, info.value.observed) == (3, 2)
+
+
+async def test_probes_may_return_arrays(watcher):
+    sentinels = np.zeros(2, dtype=np.uint32)
+    timer = threading.Timer(0.005, sentinels.__setitem__, args=(slice(None), [7, 7]))
+    timer.start()
+    value = await wait_until(
+        lambda: sentinels.copy(),
+        lambda v: bool((v == 7).all()),
+        awaited="both sentinels",
+        error=SignalTimeout,
+        timeout=5.0,
+        watcher=watcher,
+        reset_on_progress=True,
+    )
+    assert list(value) == [7, 7]
+    timer.join()
+
+
+async def test_closing_the_watcher_fails_pending_waits_at_once():
+    watcher = MemoryWatcher("closing")
+    memory = np.zeros(1, dtype=np.uint64)
+    outcome = []
+
+    async def waiter():
+        try:
+            await wait_until(
+                lambda: int(memory[0]),
+                bool,
+                awaited="x",
+                error=SignalTimeout,
+                timeout=30.0,
+                watcher=watcher,
+            )
+        except WatcherStopped as exc:
+            outcome.append(exc)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.sleep(0.01)
+            watcher.close()
+    assert len(outcome) == 1 and "closed" in str(outcome[0])
+
+
+async def test_a_stopped_watcher_thread_fails_its_waiters_and_the_next_watch_restarts_it(watcher):
+    memory = np.zeros(1, dtype=np.uint64)
+    real_pause = watcher._pause
+
+    def broken_pause(waited: float) -> float:
+        raise SystemError("watcher thread bug")
+
+    watcher._pause = broken_pause
+    with pytest.raises(WatcherStopped, match="watcher thread bug"):
+        await wait_until(
+            lambda: int(memory[0]),
+            bool,
+            awaited="x",
+            error=SignalTimeout,
+            timeout=5.0,
+            watcher=watcher,
+        )
+    watcher._pause = real_pause
+    store_later(memory, 0, 1, 0.005)
+    assert (
+        await wait_until(
+            lambda: int(memory[0]),
+            bool,
+            awaited="x",
+            error=SignalTimeout,
+            timeout=5.0,
+            watcher=watcher,
+        )
+        == 1
+    )
+
+
+async def test_a_cancelled_watch_is_never_probed_again(watcher):
+    calls = []
+
+    def probe() -> int:
+        calls.append(1)
+        return 0
+
+    with anyio.move_on_after(0.02):
+        await wait_until(
+            probe, bool, awaited="x", error=SignalTimeout, timeout=5.0, watcher=watcher
+        )
+    after_cancel = len(calls)
+    await anyio.sleep(0.02)
+    assert len(calls) == after_cancel

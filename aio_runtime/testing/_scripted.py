@@ -105,7 +105,10 @@ class ScriptedFirmware(MemoryRegisters):
 
     ``replies`` maps message ids to a :class:`Reply`; other messages get ``default``. The reply's
     code appears in the response register once its delay has passed (and, if given, its argument in
-    the argument register). ``requests`` records ``(time, message, argument)`` in order.
+    the argument register). Like real firmware it handles one message at a time: a message written
+    while the previous one is still unanswered is ignored (recorded in ``ignored``), so a host that
+    does not wait for an outstanding answer reads the old answer as the new one. ``requests`` records
+    ``(time, message, argument)`` of every message handled, in order.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class ScriptedFirmware(MemoryRegisters):
         self.replies = dict(replies or {})
         self.default = default
         self.requests: list[tuple[float, int, int]] = []
+        self.ignored: list[tuple[float, int, int]] = []
         self._due: tuple[float, Reply] | None = None
 
     @staticmethod
@@ -132,15 +136,21 @@ class ScriptedFirmware(MemoryRegisters):
         if index == self.layout.message:
             argument = int(self.words[self.layout.argument])
             t = now()
+            if self._due is not None:
+                self.ignored.append((t, value, argument))
+                return
             self.requests.append((t, value, argument))
             reply = self.replies.get(value, self.default)
             self._due = (t + reply.after, reply)
 
-    async def read(self, index: int) -> int:
+    def _answer_if_due(self) -> None:
         if self._due is not None and now() >= self._due[0]:
             reply = self._due[1]
             self._due = None
             self.words[self.layout.response] = reply.code
             if reply.argument is not None:
                 self.words[self.layout.argument] = reply.argument
+
+    async def read(self, index: int) -> int:
+        self._answer_if_due()
         return await super().read(index)

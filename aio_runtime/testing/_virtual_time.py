@@ -85,11 +85,15 @@ class _AutojumpSelector:
         return getattr(self._inner, name)
 
 
-def _offset_clock(base: Callable[[], float], offset: float) -> Callable[[], float]:
-    def clock() -> float:
-        return base() + offset
+class _OffsetClock:
+    """The loop's own clock plus a fixed offset: what the loop reads after a virtual-time block."""
 
-    return clock
+    def __init__(self, base: Callable[[], float], offset: float) -> None:
+        self.base = base
+        self.offset = offset
+
+    def __call__(self) -> float:
+        return self.base() + self.offset
 
 
 @contextlib.asynccontextmanager
@@ -104,8 +108,9 @@ async def _asyncio_virtual_time(
         )
     if isinstance(selector, _AutojumpSelector):
         raise RuntimeError("virtual_time() is already active on this loop")
-    real_time = loop.time
-    counter = _Counter(real_time())
+    current = loop.time
+    real_time = current.base if isinstance(current, _OffsetClock) else current
+    counter = _Counter(current())
     loop._selector = _AutojumpSelector(selector, counter, autojump_threshold)  # type: ignore[attr-defined]
     loop.time = counter.now  # type: ignore[method-assign]
     try:
@@ -113,7 +118,7 @@ async def _asyncio_virtual_time(
     finally:
         loop._selector = selector  # type: ignore[attr-defined]
         # Timers scheduled in virtual time stay valid: the clock continues from where it got to.
-        loop.time = _offset_clock(real_time, counter.now() - real_time())  # type: ignore[method-assign]
+        loop.time = _OffsetClock(real_time, counter.now() - real_time())  # type: ignore[method-assign]
 
 
 _active_mock_clocks: weakref.WeakSet[Any] = weakref.WeakSet()
