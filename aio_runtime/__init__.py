@@ -41,6 +41,7 @@ from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait
 from .ownership import Ledger, LedgerEntry, Owned, Stages, current_ledger, use_ledger
 from .signals import Fence, TimelineSignal
 from .supervision import Backoff, Supervisor, SupervisorStatistics
+from .threads import run_in_thread
 from .waits import (
     DEFAULT_POLICY,
     PollPolicy,
@@ -113,6 +114,7 @@ __all__ = [
     "map_exceptions",
     "now",
     "pause",
+    "run_in_thread",
     "use_ledger",
     "validate_timeout",
     "wait_complete",
