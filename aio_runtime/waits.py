@@ -141,6 +141,11 @@ class WaitBound:
         """Record the step in progress: a timeout reports what was awaited and last observed then."""
         self._step = (awaited, expected, observed)
 
+    def step_done(self, value: T) -> T:
+        """A step finished: a timeout from here on describes the bound itself again."""
+        self._step = (self.awaited, None, None)
+        return value
+
     @property
     def at(self) -> float:
         """The absolute deadline on the loop clock."""
@@ -259,12 +264,12 @@ async def wait_complete(
     bound = _resolve(within, timeout, awaited, error, layer)
     bound.note(awaited)
     if _already_done(completion):
-        return await completion.wait()
+        return bound.step_done(await completion.wait())
     drain = validate_timeout(drain_timeout, what="drain_timeout")
     assert drain is not None
     try:
         with anyio.CancelScope(deadline=bound.at):
-            return await completion.wait()
+            return bound.step_done(await completion.wait())
     except BaseException:
         if cancel is not None and not _already_done(completion):
             await _drain(completion, cancel, drain)
@@ -358,7 +363,7 @@ async def wait_until(
                 probe_is_async = True
                 value = await value
             if predicate(value):
-                return value
+                return bound.step_done(value)
             if reset_on_progress and observed is not _NOT_OBSERVED and value != observed:
                 bound.progress(now())
                 scope.deadline = bound.at
@@ -375,7 +380,7 @@ async def wait_until(
     if scope.cancelled_caught and not probe_is_async:
         value = probe()
         if predicate(value):
-            return value
+            return bound.step_done(value)
         bound.note(awaited, expected, value)
     raise bound.timed_out()
 
@@ -393,13 +398,13 @@ async def _wait_watched(
         raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
     value = probe()  # on the loop first: no thread hop when the condition already holds
     if predicate(value):
-        return value
+        return bound.step_done(value)
     bound.note(awaited, expected, value)
     watch = watcher.watch(probe, predicate, track_progress=reset_on_progress)
     try:
         while True:
             with anyio.move_on_at(bound.at):
-                return await watch.wait()
+                return bound.step_done(await watch.wait())
             if reset_on_progress and watch.last_change is not None:
                 bound.progress(watch.last_change)
                 if now() < bound.at:
@@ -409,7 +414,7 @@ async def _wait_watched(
         watch.cancel()
     value = probe()  # the final read at the bound
     if predicate(value):
-        return value
+        return bound.step_done(value)
     bound.note(awaited, expected, value)
     raise bound.timed_out()
 

@@ -10,7 +10,7 @@ back to its task with the loop's thread-safe call (asyncio's ``call_soon_threads
 The polling policy is a short spin, then backoff. For ``spin`` seconds after a watch starts, the
 thread re-reads continuously (yielding the GIL between sweeps), so a completion that comes soon —
 a copy chunk, a fence — is seen within microseconds. After it, the thread sleeps between sweeps, a
-quarter of the time the youngest watch has waited so far, from ``first_interval`` up to
+sixteenth of the time the youngest watch has waited so far, from ``first_interval`` up to
 ``max_interval``: a wait pending for a whole second costs a few percent of a core, and a late
 completion is seen at most ``max_interval`` late. With no pending watch the thread blocks on a
 condition variable and costs nothing.
@@ -257,8 +257,8 @@ class MemoryWatcher:
     def _pause(self, waited: float) -> float:
         """Sleep between sweeps once the youngest watch has waited ``waited`` seconds."""
         if waited < self.spin:
-            return 0.0  # still yields the GIL, so the loop thread is never starved
-        return min(self.max_interval, max(self.first_interval, (waited - self.spin) / 4))
+            return 0.0  # sleep(0) still releases the GIL between sweeps
+        return min(self.max_interval, max(self.first_interval, (waited - self.spin) / 16))
 
     def _sweep_one(self, watch: Watch[Any]) -> None:
         """Probe one watch; called with the lock held."""

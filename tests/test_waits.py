@@ -416,3 +416,15 @@ async def test_within_excludes_timeout_and_error_is_required_without_it():
             await wait_until(lambda: 1, bool, awaited="x", within=bound, timeout=1.0)
     with pytest.raises(TypeError, match="error="):
         await wait_until(lambda: 1, bool, awaited="x", timeout=1.0)
+
+
+async def test_a_bounded_sequence_stuck_after_a_finished_step_does_not_blame_that_step():
+    async with virtual_time():
+        with pytest.raises(FirmwareTimeout) as info:
+            with bounded(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=1.0) as bound:
+                await wait_until(
+                    lambda: 1, bool, awaited="earlier answer", within=bound, expected=1
+                )
+                await anyio.Event().wait()  # then a register write hangs
+    assert info.value.awaited == "SMU message 0x6"
+    assert info.value.observed is None

@@ -178,8 +178,8 @@ def test_watcher_policy_spins_then_backs_off_to_its_cap():
     watcher = MemoryWatcher("policy", spin=0.001, first_interval=50e-6, max_interval=0.0005)
     assert watcher._pause(0.0) == 0.0
     assert watcher._pause(0.0009) == 0.0
-    assert watcher._pause(0.0011) == pytest.approx(50e-6)  # a quarter of 0.1 ms is below the floor
-    assert watcher._pause(0.002) == pytest.approx(0.00025)
+    assert watcher._pause(0.0011) == pytest.approx(50e-6)  # 1/16 of 0.1 ms is below the floor
+    assert watcher._pause(0.005) == pytest.approx(0.00025)  # 1/16 of the 4 ms waited past the spin
     assert watcher._pause(5.0) == pytest.approx(0.0005)
 
 
