@@ -30,6 +30,18 @@ def watcher():
         yield w
 
 
+async def watch_word(memory: np.ndarray, watcher: MemoryWatcher, *, timeout: float) -> int:
+    """Wait on the watcher until word 0 of ``memory`` is non-zero."""
+    return await wait_until(
+        lambda: int(memory[0]),
+        bool,
+        awaited="word 0 != 0",
+        error=SignalTimeout,
+        timeout=timeout,
+        watcher=watcher,
+    )
+
+
 def store_later(memory: np.ndarray, index: int, value: int, delay: float) -> threading.Timer:
     timer = threading.Timer(delay, memory.__setitem__, args=(index, value))
     timer.start()
@@ -75,14 +87,7 @@ async def test_cancelling_a_watched_wait_removes_the_watch(watcher):
 
     async def waiter():
         started.set()
-        await wait_until(
-            lambda: int(memory[0]),
-            bool,
-            awaited="x",
-            error=SignalTimeout,
-            timeout=60.0,
-            watcher=watcher,
-        )
+        await watch_word(memory, watcher, timeout=60.0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
@@ -118,9 +123,7 @@ async def test_many_waits_share_one_thread(watcher):
 
 async def test_idle_watcher_does_not_sweep(watcher):
     memory = np.ones(1, dtype=np.uint64)
-    await wait_until(
-        lambda: int(memory[0]), bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
-    )
+    await watch_word(memory, watcher, timeout=1.0)
     sweeps = watcher.statistics().sweeps
     await anyio.sleep(0.02)
     assert watcher.statistics().sweeps == sweeps
@@ -135,17 +138,7 @@ async def test_probe_exception_fails_the_waiter_not_the_watcher(watcher):
             broken, bool, awaited="x", error=SignalTimeout, timeout=1.0, watcher=watcher
         )
     memory = np.ones(1, dtype=np.uint64)
-    assert (
-        await wait_until(
-            lambda: int(memory[0]),
-            bool,
-            awaited="x",
-            error=SignalTimeout,
-            timeout=1.0,
-            watcher=watcher,
-        )
-        == 1
-    )
+    assert await watch_word(memory, watcher, timeout=1.0) == 1
 
 
 async def test_watcher_refuses_async_probes(watcher):
@@ -238,14 +231,7 @@ async def test_closing_the_watcher_fails_pending_waits_at_once():
 
     async def waiter():
         try:
-            await wait_until(
-                lambda: int(memory[0]),
-                bool,
-                awaited="x",
-                error=SignalTimeout,
-                timeout=30.0,
-                watcher=watcher,
-            )
+            await watch_word(memory, watcher, timeout=30.0)
         except WatcherStopped as exc:
             outcome.append(exc)
 
@@ -266,27 +252,10 @@ async def test_a_stopped_watcher_thread_fails_its_waiters_and_the_next_watch_res
 
     watcher._pause = broken_pause
     with pytest.raises(WatcherStopped, match="watcher thread bug"):
-        await wait_until(
-            lambda: int(memory[0]),
-            bool,
-            awaited="x",
-            error=SignalTimeout,
-            timeout=5.0,
-            watcher=watcher,
-        )
+        await watch_word(memory, watcher, timeout=5.0)
     watcher._pause = real_pause
     store_later(memory, 0, 1, 0.005)
-    assert (
-        await wait_until(
-            lambda: int(memory[0]),
-            bool,
-            awaited="x",
-            error=SignalTimeout,
-            timeout=5.0,
-            watcher=watcher,
-        )
-        == 1
-    )
+    assert await watch_word(memory, watcher, timeout=5.0) == 1
 
 
 async def test_a_cancelled_watch_is_never_probed_again(watcher):
