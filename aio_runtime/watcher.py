@@ -8,16 +8,16 @@ back to its task with the loop's thread-safe call (asyncio's ``call_soon_threads
 ``run_sync_soon``).
 
 The polling policy is a short spin, then backoff. For ``spin`` seconds after a watch starts, the
-thread re-reads continuously (yielding the GIL between sweeps), so a completion that comes soon —
-a copy chunk, a fence — is seen within microseconds. After it, the thread sleeps between sweeps, a
-sixteenth of the time the youngest watch has waited so far, from ``first_interval`` up to
-``max_interval``: a wait pending for a whole second costs a few percent of a core, and a late
-completion is seen at most ``max_interval`` late. With no pending watch the thread blocks on a
-condition variable and costs nothing.
+thread re-reads continuously, yielding the CPU and the GIL between sweeps (``os.sched_yield``), so a
+completion that comes soon — a copy chunk, a fence, a mailbox answer — wakes its task within tens of
+microseconds. After it, the thread sleeps between sweeps, a sixteenth of the time the youngest
+watch has waited so far, from ``first_interval`` up to ``max_interval``: a wait pending for a whole
+second costs a few percent of a core, and a late completion is seen at most ``max_interval`` late.
+With no pending watch the thread blocks on a condition variable and costs nothing.
 
-The spin is short on purpose: while a Python thread spins, the event loop thread competes with it
-for the GIL, and the loop's own timers were measured to fire late by about the spin's length
-(``benchmarks/waits.py``). One millisecond keeps timeout lateness within two.
+The spin is a trade: it spends up to ``spin`` seconds of one core per wait (yielded to any thread
+that wants it) to buy latency. Give a watcher for long jobs (a model run of several milliseconds)
+``spin=0``. The spin yields with ``sched_yield``, not ``time.sleep(0)``: see :func:`_yield_thread`.
 
 Use it through :func:`aio_runtime.wait_until` (``watcher=...``) or a
 :class:`~aio_runtime.signals.TimelineSignal` built with one; both remove the watch when the wait
@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
 import threading
 import time
@@ -71,6 +72,19 @@ def _tighten_timer_slack() -> None:
         ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     except (OSError, AttributeError):
         return
+
+
+def _yield_thread() -> None:
+    """Let other threads run — the GIL and the CPU — between spinning sweeps.
+
+    ``os.sched_yield`` rather than ``time.sleep(0)``: while a thread spun on ``sleep(0)``, the event
+    loop's timers fired late by about the length of the spin (2.2 ms late after a 2 ms spin); with
+    ``sched_yield`` they fire 0.3-0.5 ms late, as on an idle loop.
+    """
+    if hasattr(os, "sched_yield"):
+        os.sched_yield()
+    else:
+        time.sleep(0)
 
 
 def _differs(a: object, b: object) -> bool:
@@ -151,7 +165,7 @@ class MemoryWatcher:
         self,
         name: str,
         *,
-        spin: float = 0.001,
+        spin: float = 0.003,
         first_interval: float = 50e-6,
         max_interval: float = 0.0005,
     ) -> None:
@@ -240,7 +254,11 @@ class MemoryWatcher:
                     for watch in pending:
                         self._sweep_one(watch)
                 youngest = time.monotonic() - max(watch.started for watch in pending)
-                time.sleep(self._pause(youngest))
+                pause = self._pause(youngest)
+                if pause:
+                    time.sleep(pause)
+                else:
+                    _yield_thread()
         except BaseException as exc:  # nothing may escape unseen: fail the waiters, log, end
             _log.error("memory watcher thread stopped", watcher=self.name, exc_info=exc)
             self._stopped(WatcherStopped(f"memory watcher {self.name!r} stopped: {exc!r}"))
@@ -257,7 +275,7 @@ class MemoryWatcher:
     def _pause(self, waited: float) -> float:
         """Sleep between sweeps once the youngest watch has waited ``waited`` seconds."""
         if waited < self.spin:
-            return 0.0  # sleep(0) still releases the GIL between sweeps
+            return 0.0  # spin: yield between sweeps
         return min(self.max_interval, max(self.first_interval, (waited - self.spin) / 16))
 
     def _sweep_one(self, watch: Watch[Any]) -> None:
