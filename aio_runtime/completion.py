@@ -74,7 +74,10 @@ class Completion(Generic[T]):
 
 
 class ThreadsafeSetter(Generic[T]):
-    """Completes a :class:`Completion` from another thread by handing the call to the loop."""
+    """Completes a :class:`Completion` from another thread by handing the call to the loop.
+
+    The first completion wins; later ones are ignored.
+    """
 
     def __init__(self, completion: Completion[T]) -> None:
         self._completion = completion
@@ -87,7 +90,17 @@ class ThreadsafeSetter(Generic[T]):
             pass  # the loop has closed: nobody is waiting any more
 
     def set_result(self, value: T) -> None:
-        self._deliver(functools.partial(self._completion.set_result, value))
+        self._deliver(functools.partial(self._set_result, value))
 
     def set_exception(self, exc: BaseException) -> None:
-        self._deliver(functools.partial(self._completion.set_exception, exc))
+        self._deliver(functools.partial(self._set_exception, exc))
+
+    # On the loop thread. A second completion is dropped here rather than raised: raising inside a
+    # loop callback would crash a trio run.
+    def _set_result(self, value: T) -> None:
+        if not self._completion.done():
+            self._completion.set_result(value)
+
+    def _set_exception(self, exc: BaseException) -> None:
+        if not self._completion.done():
+            self._completion.set_exception(exc)

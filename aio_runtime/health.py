@@ -27,6 +27,9 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .clock import now
+from .log import get_logger
+
+_log = get_logger("aio_runtime.health")
 
 __all__ = [
     "Availability",
@@ -209,6 +212,11 @@ class AvailabilityMachine:
             except anyio.WouldBlock:
                 self._subscribers.remove(send)
                 send.close()  # too far behind: its stream ends after what it has buffered
+                _log.warning(
+                    "availability subscriber disconnected: it fell too far behind",
+                    max_backlog=self.max_backlog,
+                    transition_seq=transition.seq,
+                )
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._subscribers.remove(send)
 
@@ -219,7 +227,8 @@ class AvailabilityMachine:
         Transitions arrive in order and none is skipped; a subscriber more than ``max_backlog``
         behind is disconnected instead (its iteration ends).
         """
-        send, receive = anyio.create_memory_object_stream[Transition](self.max_backlog)
+        # one slot more for the current state it starts with
+        send, receive = anyio.create_memory_object_stream[Transition](self.max_backlog + 1)
         send.send_nowait(Transition(None, self._state, self._seq))
         self._subscribers.append(send)
         try:

@@ -23,7 +23,7 @@ import numpy as np
 
 from .clock import validate_timeout
 from .errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
-from .waits import DEFAULT_POLICY, PollPolicy, bounded, wait_until
+from .waits import DEFAULT_POLICY, PollPolicy, WaitBound, wait_until
 
 __all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
 
@@ -107,10 +107,12 @@ class Mailbox:
     :meth:`send` — of the whole send: waiting for an earlier send, the register writes, the
     response.
 
-    Firmware handles one message at a time. When a send ends without its response (a timeout, a
-    cancelled task), the firmware may still be working on that message, and its answer would be
-    read as the answer to the next one. So the next send first waits — within its own bound — for
-    that outstanding response, and only then writes its message.
+    Firmware handles one message at a time. When a send ends without its response after writing its
+    message (a timeout, a cancelled task), the firmware may still be working on that message, and
+    its answer would be read as the answer to the next one. So the next send first waits — within
+    its own bound — for that outstanding response, and only then writes its message. Firmware that
+    never answers keeps failing sends, as it should, until the device is reset and :meth:`reset`
+    called (a new session builds a new mailbox anyway).
     """
 
     def __init__(
@@ -163,44 +165,58 @@ class Mailbox:
         within its bound.
         """
         awaited = f"{self.name} mailbox response to message 0x{message:x} (argument 0x{argument:x})"
-        with bounded(
+        bound = WaitBound(
             awaited=awaited,
             error=FirmwareTimeout,
             timeout=self.timeout if timeout is None else timeout,
             layer=self.layer,
-        ) as bound:
-            async with self._lock:
-                if self._outstanding is not None:
-                    await wait_until(
-                        self._response,
-                        lambda v: v != self.pending,
-                        awaited=f"{self.name} mailbox response to the earlier message "
-                        f"0x{self._outstanding:x}, before sending 0x{message:x}",
-                        within=bound,
-                        policy=self.policy,
-                    )
-                    self._outstanding = None
-                self._outstanding = message
-                await self.registers.write(self.layout.response, self.pending)
-                await self.registers.write(self.layout.argument, argument)
-                await self.registers.write(self.layout.message, message)
-                response = await wait_until(
+        )
+        await bound.run(
+            self._lock.acquire(),
+            awaited=f"{self.name} mailbox free (another send in progress) to send 0x{message:x}",
+        )
+        try:
+            if self._outstanding is not None:
+                await wait_until(
                     self._response,
                     lambda v: v != self.pending,
-                    awaited=awaited,
+                    awaited=f"{self.name} mailbox response to the earlier message "
+                    f"0x{self._outstanding:x}, before sending 0x{message:x}",
                     within=bound,
-                    expected=self.success,
                     policy=self.policy,
                 )
                 self._outstanding = None
-                if response != self.success:
-                    raise FirmwareError(
-                        f"{awaited}: firmware answered {self.describe(response)}, "
-                        f"expected {self.describe(self.success)}",
-                        code=response,
-                        awaited=awaited,
-                        layer=self.layer,
-                    )
-                if read_argument:
-                    return await self.registers.read(self.layout.argument)
-                return response
+            regs, layout = self.registers, self.layout
+            await bound.run(regs.write(layout.response, self.pending), awaited=f"{awaited}: write")
+            await bound.run(regs.write(layout.argument, argument), awaited=f"{awaited}: write")
+            # From here the firmware may have the message, whatever happens to this send.
+            self._outstanding = message
+            await bound.run(regs.write(layout.message, message), awaited=f"{awaited}: write")
+            response = await wait_until(
+                self._response,
+                lambda v: v != self.pending,
+                awaited=awaited,
+                within=bound,
+                expected=self.success,
+                policy=self.policy,
+            )
+            self._outstanding = None
+            if response != self.success:
+                raise FirmwareError(
+                    f"{awaited}: firmware answered {self.describe(response)}, "
+                    f"expected {self.describe(self.success)}",
+                    code=response,
+                    awaited=awaited,
+                    layer=self.layer,
+                )
+            if read_argument:
+                return await bound.run(
+                    regs.read(layout.argument), awaited=f"{awaited}: read argument"
+                )
+            return response
+        finally:
+            self._lock.release()
+
+    def reset(self) -> None:
+        """Forget a message whose answer never came (after the firmware or device was reset)."""
+        self._outstanding = None

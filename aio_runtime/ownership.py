@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import anyio
 
-from .clock import deadline_scope
+from .clock import deadline_scope, validate_timeout
 from .errors import RollbackFailed
 
 __all__ = ["Ledger", "LedgerEntry", "Owned", "Stages", "current_ledger", "use_ledger"]
@@ -156,18 +156,35 @@ class Owned:
         self._stages = stages
         self._ledger = ledger
         self._cleanup_timeout = cleanup_timeout
+        self._released: anyio.Event | None = None
+        self._failures: list[Exception] = []
 
     @property
     def released(self) -> bool:
-        return not self._stages
+        """True once every stage was released successfully."""
+        return self._released is not None and self._released.is_set() and not self._failures
 
     async def release(self) -> None:
-        """Release everything (at most once); raises :class:`RollbackFailed` listing any failures."""
-        stages, self._stages = self._stages, []  # a second caller finds nothing left to release
-        failures = await _release_all(self.name, stages, self._ledger, self._cleanup_timeout)
-        if failures:
+        """Release everything, once; raises :class:`RollbackFailed` listing any failures.
+
+        A second caller waits for the first release to finish (it is bounded: each stage has
+        ``cleanup_timeout``) and gets the same outcome.
+        """
+        if self._released is None:
+            self._released = anyio.Event()
+            stages, self._stages = self._stages, []
+            try:
+                self._failures = await _release_all(
+                    self.name, stages, self._ledger, self._cleanup_timeout
+                )
+            finally:
+                self._released.set()
+        else:
+            await self._released.wait()
+        if self._failures:
             raise RollbackFailed(
-                f"releasing {self.name!r}: {len(failures)} release(s) failed", failures
+                f"releasing {self.name!r}: {len(self._failures)} release(s) failed",
+                self._failures,
             )
 
 
@@ -184,11 +201,17 @@ class Stages:
     propagates unchanged — or, if some release failed too, as :class:`RollbackFailed` holding the
     original exception first and then each release failure. A block that ends without
     :meth:`commit` releases its stages as well: uncommitted resources never outlive the block.
+
+    Each release runs shielded from cancellation with ``cleanup_timeout`` seconds of its own (and
+    its own deadline scope, so waits inside it still work after a frame's budget is spent). An
+    ``acquire`` step should be atomic: if it is cancelled half-way, there is nothing to release yet.
     """
 
     def __init__(self, name: str, *, cleanup_timeout: float = 5.0, ledger: Ledger | None = None):
         self.name = name
-        self.cleanup_timeout = cleanup_timeout
+        checked = validate_timeout(cleanup_timeout, what="cleanup_timeout")
+        assert checked is not None
+        self.cleanup_timeout = checked
         self._ledger = ledger if ledger is not None else current_ledger()
         self._stages: list[_Stage] = []
         self._committed = False

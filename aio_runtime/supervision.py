@@ -164,8 +164,12 @@ class Supervisor(Generic[S]):
         try:
             await self._run(session)
         except BaseException as exc:
-            if await self._teardown(session_cm, exc):
-                return
+            try:
+                if await self._teardown(session_cm, exc):
+                    return
+            except Exception as teardown_error:
+                # The session's own fault (or the owner's cancellation) stays what is raised.
+                exc.add_note(f"session teardown failed too: {teardown_error!r}")
             raise
         await self._teardown(session_cm, None)
 
@@ -184,7 +188,8 @@ class Supervisor(Generic[S]):
         return suppressed
 
     async def _failed(self, exc: Exception, attempt: int, opened_at: float | None) -> None:
-        error = f"{type(exc).__name__}: {exc}"
+        notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))
+        error = f"{type(exc).__name__}: {exc}{notes}"
         if opened_at is not None and now() - opened_at >= self.healthy_after:
             self._consecutive = 0
         self._failures += 1

@@ -2,28 +2,37 @@
 
 A blocking call cannot be cancelled from the event loop. :func:`run_in_thread` therefore runs it on
 its own worker thread and waits for it like any hardware completion: bounded, with a typed error.
-When the bound is reached, ``cancel()`` asks the call to stop (onnxruntime's run termination; a
-pyusb call ends by its own libusb timeout, which callers must set no longer than the time left),
-and the wait continues — shielded, for at most ``drain_timeout`` — until the call has returned, so
-the buffers it uses are not reused under it. A call that still has not returned is reported with
-``in_flight = True``: its buffers stay reserved.
+When the bound is reached (or the waiting task is cancelled), ``cancel()`` — if given — asks the
+call to stop (onnxruntime's run termination; a pyusb call ends by its own libusb timeout, which
+callers set no longer than the time left), and the wait continues, shielded, for at most
+``drain_timeout`` until the call has returned, so the buffers it uses are not reused under it. A
+call that still has not returned is reported (``in_flight = True`` on a timeout, a note on the
+error) and stays in the ledger as a live worker until it does: its buffers stay reserved.
 
-Each call gets its own daemon thread, so a call that never returns cannot starve the others.
+Each call gets its own daemon thread, so a call that never returns cannot starve the others. The
+call runs in a copy of the caller's context (log context, ledger).
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from .clock import validate_timeout
 from .completion import Completion
 from .errors import HardwareTimeout, Layer
-from .waits import WaitBound, wait_complete
+from .ownership import current_ledger
+from .waits import WaitBound, _resolve, wait_complete
 
 __all__ = ["run_in_thread"]
 
 T = TypeVar("T")
+
+
+def _no_stop_request() -> None:
+    """For calls that cannot be asked to stop: they end by their own timeout."""
 
 
 async def run_in_thread(
@@ -37,26 +46,33 @@ async def run_in_thread(
     cancel: Callable[[], object] | None = None,
     drain_timeout: float = 1.0,
 ) -> T:
-    """Run ``fn()`` on a worker thread and return its result (or raise its exception)."""
+    """Run ``fn()`` on a worker thread and return its result (or raise its exception).
+
+    The bound is checked before the thread starts: a call the runtime refuses never runs.
+    """
+    bound = _resolve(within, timeout, awaited, error, layer)
+    validate_timeout(drain_timeout, what="drain_timeout")
     done: Completion[T] = Completion()
     setter = done.threadsafe_setter()
+    context = contextvars.copy_context()
+    ledger = current_ledger()
+    worker = ledger.open("worker thread", awaited)
 
     def work() -> None:
         try:
-            result = fn()
+            result = context.run(fn)
         except BaseException as exc:  # handed to the waiting task, not lost on the thread
             setter.set_exception(exc)
         else:
             setter.set_result(result)
+        finally:
+            ledger.close(worker)
 
     threading.Thread(target=work, name=f"worker: {awaited}", daemon=True).start()
     return await wait_complete(
         done,
         awaited=awaited,
-        error=error,
-        timeout=timeout,
-        layer=layer,
-        within=within,
-        cancel=cancel,
+        within=bound,
+        cancel=cancel or _no_stop_request,
         drain_timeout=drain_timeout,
     )

@@ -21,9 +21,9 @@ Entry points, all built on one :class:`WaitBound`:
   word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
   :class:`~aio_runtime.watcher.MemoryWatcher` thread when sub-millisecond detection matters.
-* :func:`bounded` — one bound over a sequence of steps (take a lock, write registers, poll a
-  response): ``with bounded(...) as bound:`` and pass ``within=bound`` to the waits inside, so the
-  whole sequence shares one deadline and one error.
+* :class:`WaitBound` — one bound over a sequence of steps (take a lock, write registers, poll a
+  response): create it once, pass ``within=bound`` to the waits of the sequence and run its other
+  steps with :meth:`WaitBound.run`, so the whole sequence shares one deadline and one error.
 * :func:`pause` — a bounded sleep between attempts, the only sleep in the project.
 """
 
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 
 from .clock import Deadline, current_deadline, now, validate_timeout
 from .completion import Completion, Waitable
@@ -50,7 +51,6 @@ __all__ = [
     "DEFAULT_POLICY",
     "PollPolicy",
     "WaitBound",
-    "bounded",
     "pause",
     "wait_complete",
     "wait_until",
@@ -100,6 +100,16 @@ class PollPolicy:
 DEFAULT_POLICY = PollPolicy()
 
 
+def differs(a: object, b: object) -> bool:
+    """Whether two probe values differ; numpy arrays compare element-wise."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return not np.array_equal(np.asarray(a), np.asarray(b))
+    try:
+        return bool(a != b)
+    except Exception:
+        return True
+
+
 class _NotObserved:
     def __repr__(self) -> str:
         return "nothing (never read)"
@@ -109,8 +119,14 @@ _NOT_OBSERVED: Any = _NotObserved()
 
 
 class WaitBound:
-    """The bound of one wait (or of one bounded sequence): its own timeout and the enclosing
-    deadline scope, whichever comes first, and the error to raise when it is reached."""
+    """The bound of one wait, or of a sequence of steps: its own timeout and the enclosing deadline
+    scope, whichever comes first, and the error to raise when it is reached.
+
+    Created when the wait (or the sequence) starts; it is refused at once
+    (:class:`~aio_runtime.errors.UnboundedWaitError`) with neither a timeout nor a scope. Each step
+    of a sequence runs under it — a wait with ``within=bound``, anything else with :meth:`run` —
+    and a timeout reports the step in progress, with the sequence's timeout and elapsed time.
+    """
 
     def __init__(
         self,
@@ -145,6 +161,13 @@ class WaitBound:
         """A step finished: a timeout from here on describes the bound itself again."""
         self._step = (self.awaited, None, None)
         return value
+
+    async def run(self, step: Awaitable[T], *, awaited: str) -> T:
+        """Await a step that is not itself a wait (take a lock, write a register) under the bound."""
+        self.note(awaited)
+        with anyio.CancelScope(deadline=self.at):
+            return self.step_done(await step)
+        raise self.timed_out()
 
     @property
     def at(self) -> float:
@@ -201,26 +224,6 @@ def _resolve(
     return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)
 
 
-@contextlib.contextmanager
-def bounded(
-    *,
-    awaited: str,
-    error: type[HardwareTimeout],
-    timeout: float | None = None,
-    layer: Layer | None = None,
-) -> Iterator[WaitBound]:
-    """Run a sequence of steps under one bound; raise the typed error if it is reached inside.
-
-    Waits inside that pass ``within=`` the yielded bound share its deadline, and report their
-    elapsed time from the start of the sequence.
-    """
-    bound = WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)
-    with anyio.CancelScope(deadline=bound.at) as scope:
-        yield bound
-    if scope.cancelled_caught:
-        raise bound.timed_out()
-
-
 def _already_done(completion: Waitable[Any]) -> bool:
     if isinstance(completion, Completion):
         return completion.done()
@@ -229,13 +232,31 @@ def _already_done(completion: Waitable[Any]) -> bool:
     return False
 
 
-async def _drain(completion: Waitable[Any], cancel: Callable[[], object], limit: float) -> bool:
-    """Ask the operation to stop, then await its completion — shielded, for at most ``limit``."""
-    cancel()
+async def _drain(
+    completion: Waitable[Any], cancel: Callable[[], object], limit: float, exc: BaseException
+) -> bool:
+    """Ask the operation to stop, then await its completion — shielded, for at most ``limit``.
+
+    Returns whether it completed. A failing ``cancel()`` (cancelling a transfer that has just
+    finished, a device that is gone) does not replace ``exc``: it is noted on it.
+    """
+    try:
+        cancel()
+    except Exception as cancel_error:
+        exc.add_note(f"asking the operation to stop failed: {cancel_error!r}")
     with anyio.CancelScope(shield=True), anyio.move_on_after(limit) as scope:
-        with contextlib.suppress(Exception):  # the cancelled operation's own outcome
+        with contextlib.suppress(Exception):  # the stopped operation's own outcome
             await completion.wait()
     return not scope.cancelled_caught
+
+
+def _mark_in_flight(exc: BaseException, limit: float) -> None:
+    if isinstance(exc, (HardwareTimeout, BudgetExhausted)):
+        exc.in_flight = True
+    exc.add_note(
+        f"the operation did not stop within {limit:g} s of being asked to; "
+        "its buffers still belong to it"
+    )
 
 
 async def wait_complete(
@@ -258,30 +279,32 @@ async def wait_complete(
     ``cancel``: when the wait ends without the completion (timeout, budget or cancellation of the
     waiting task), call ``cancel()`` to ask the operation to stop (cancel a USB transfer, terminate
     an inference run), then await the completion — shielded, for at most ``drain_timeout`` — so the
-    caller regains ownership of the operation's buffers. If it does not arrive, the timeout error
-    says so and has ``in_flight = True``: the buffers still belong to the operation.
+    caller regains ownership of the operation's buffers. If it does not arrive, the error (the
+    timeout, or the cancellation) says so in a note, and a timeout has ``in_flight = True``: the
+    buffers still belong to the operation. A completion that landed as the deadline fell (in the same
+    loop pass) stands: its result is returned, not discarded. What the operation delivers while it is
+    being stopped only returns ownership of its buffers; the wait has timed out.
     """
     bound = _resolve(within, timeout, awaited, error, layer)
     bound.note(awaited)
-    if _already_done(completion):
-        return bound.step_done(await completion.wait())
     drain = validate_timeout(drain_timeout, what="drain_timeout")
     assert drain is not None
+    if _already_done(completion):
+        return bound.step_done(await completion.wait())
     try:
         with anyio.CancelScope(deadline=bound.at):
             return bound.step_done(await completion.wait())
-    except BaseException:
+    except BaseException as exc:
         if cancel is not None and not _already_done(completion):
-            await _drain(completion, cancel, drain)
+            if not await _drain(completion, cancel, drain, exc):
+                _mark_in_flight(exc, drain)
         raise
-    exc = bound.timed_out()
-    if cancel is not None and not await _drain(completion, cancel, drain):
-        exc.in_flight = True
-        exc.add_note(
-            f"the operation did not stop within {drain:g} s of being cancelled; "
-            "its buffers still belong to it"
-        )
-    raise exc
+    if _already_done(completion):  # it completed as the deadline fell: that outcome stands
+        return bound.step_done(await completion.wait())
+    timed_out = bound.timed_out()
+    if cancel is not None and not await _drain(completion, cancel, drain, timed_out):
+        _mark_in_flight(timed_out, drain)
+    raise timed_out
 
 
 @overload
@@ -347,6 +370,8 @@ async def wait_until(
     ``watcher``: probe on that watcher's thread instead of the loop (``probe`` must then be a plain
     read); the waiting task is woken thread-safely.
     """
+    if reset_on_progress and within is not None:
+        raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
     bound = _resolve(within, timeout, awaited, error, layer)
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
@@ -364,7 +389,7 @@ async def wait_until(
                 value = await value
             if predicate(value):
                 return bound.step_done(value)
-            if reset_on_progress and observed is not _NOT_OBSERVED and value != observed:
+            if reset_on_progress and observed is not _NOT_OBSERVED and differs(value, observed):
                 bound.progress(now())
                 scope.deadline = bound.at
             observed = value
@@ -394,9 +419,11 @@ async def _wait_watched(
     expected: object,
     reset_on_progress: bool,
 ) -> Any:
-    if inspect.iscoroutinefunction(probe):
-        raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
     value = probe()  # on the loop first: no thread hop when the condition already holds
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
     if predicate(value):
         return bound.step_done(value)
     bound.note(awaited, expected, value)

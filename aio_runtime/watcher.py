@@ -26,6 +26,10 @@ the watcher's lock), so the memory behind it may be released. A probe or predica
 fails its own waiter only; if the thread itself stops, every pending waiter fails with
 :class:`WatcherStopped` and the next watch starts a new thread.
 
+A probe must be a plain read of memory that cannot block: sweeps hold the watcher's lock, and the
+event loop takes that lock briefly to add and remove watches, so a stalled probe would stall the
+loop too. A read that can stall (a register over a bus that may hang) is an async read on the loop.
+
 Virtual time does not reach this thread: under a virtual clock, probe on the loop (the default).
 """
 
@@ -42,11 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from ._loop import loop_hooks
 from .completion import Completion
 from .log import get_logger
+from .waits import differs
 
 __all__ = ["MemoryWatcher", "Watch", "WatcherStatistics", "WatcherStopped"]
 
@@ -85,16 +88,6 @@ def _yield_thread() -> None:
         os.sched_yield()
     else:
         time.sleep(0)
-
-
-def _differs(a: object, b: object) -> bool:
-    """Whether two probe values differ (numpy arrays compare element-wise)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return not np.array_equal(np.asarray(a), np.asarray(b))
-    try:
-        return bool(a != b)
-    except Exception:
-        return True
 
 
 class Watch(Generic[T]):
@@ -226,7 +219,8 @@ class MemoryWatcher:
     def close(self) -> None:
         """Stop the thread; pending waits fail at once with :class:`WatcherStopped`.
 
-        Returns within one sweep pause (at most ``max_interval``) once the thread has seen it.
+        Returns once the thread has finished its current sweep and pause (at most
+        ``max_interval``), or after one second at the most.
         """
         with self._cond:
             self._closed = True
@@ -289,7 +283,7 @@ class MemoryWatcher:
         if satisfied:
             self._take(watch, functools.partial(watch._finish, value))
             return
-        if _differs(value, watch.last_value):
+        if differs(value, watch.last_value):
             changed = watch.last_value is not None
             watch.last_value = value
             if changed and watch.track_progress:

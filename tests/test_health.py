@@ -174,6 +174,6 @@ def test_a_subscriber_that_falls_too_far_behind_is_disconnected_not_buffered_for
         with pytest.raises(anyio.EndOfStream):
             while True:
                 received.append(stream.receive_nowait())
-    assert len(received) == 4  # what it had buffered, in order; then its stream ended
+    assert len(received) == 5  # its first state and 4 transitions, in order; then its stream ended
     assert received[0].previous is None
     assert [t.seq for t in received] == sorted(t.seq for t in received)

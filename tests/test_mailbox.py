@@ -195,3 +195,47 @@ async def test_scripted_firmware_ignores_a_message_sent_while_it_is_busy():
         await firmware.write(SMU.message, 0x20)
     assert [msg for _, msg, _ in firmware.requests] == [0x10]
     assert [msg for _, msg, _ in firmware.ignored] == [0x20]
+
+
+async def test_a_send_cut_off_before_its_message_was_written_does_not_wedge_the_mailbox():
+    class SlowWrites(ScriptedFirmware):
+        async def write(self, index: int, value: int) -> None:
+            await anyio.sleep(0.005)  # every register write is a transfer over the link
+            await super().write(index, value)
+
+    firmware = SlowWrites(SMU, default=Reply(code=1, after=0.001))
+    mailbox = smu(firmware)
+    async with virtual_time():
+        with deadline_scope(0.008, name="frame 1"):
+            with pytest.raises(BudgetExhausted):
+                await mailbox.send(0x10)
+        assert firmware.requests == []  # the message never reached the firmware
+        assert await mailbox.send(0x11) == 1
+    assert [msg for _, msg, _ in firmware.requests] == [0x11]
+
+
+async def test_a_lock_wait_that_times_out_says_so():
+    firmware = ScriptedFirmware(SMU, default=Reply(code=1, after=5.0))
+    mailbox = smu(firmware)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(mailbox.send, 0x01)
+        await wait_until(
+            lambda: len(firmware.requests),
+            bool,
+            awaited="first send written",
+            error=FirmwareTimeout,
+            timeout=1.0,
+        )
+        with pytest.raises(FirmwareTimeout) as info:
+            await mailbox.send(0x02, timeout=0.5)
+    assert "mailbox free (another send in progress)" in info.value.awaited
+
+
+async def test_scripted_firmware_takes_a_message_written_after_its_answer_was_due():
+    firmware = ScriptedFirmware(SMU, default=Reply(code=1, after=0.1))
+    async with virtual_time():
+        await firmware.write(SMU.message, 0x10)
+        await anyio.sleep(0.2)
+        await firmware.write(SMU.message, 0x20)
+    assert [msg for _, msg, _ in firmware.requests] == [0x10, 0x20]
+    assert firmware.ignored == []

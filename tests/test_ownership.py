@@ -246,3 +246,32 @@ async def test_concurrent_releases_release_each_stage_once():
         tg.start_soon(owned.release)
     assert released == ["pa", "va"]
     ledger.assert_empty()
+
+
+async def test_a_second_releaser_waits_for_the_first_and_shares_its_failure():
+    async def slow_failing_release(name):
+        await anyio.sleep(0.05)
+        raise OSError("unmap failed")
+
+    outcomes = []
+
+    async def release(owned):
+        try:
+            await owned.release()
+            outcomes.append("ok")
+        except RollbackFailed:
+            outcomes.append("failed")
+
+    async with Stages("buf", ledger=Ledger()) as stages:
+        await stages.acquire(lambda: "vram", slow_failing_release, label="vram")
+        owned = stages.commit()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(release, owned)
+        tg.start_soon(release, owned)
+    assert outcomes == ["failed", "failed"]
+    assert not owned.released
+
+
+async def test_cleanup_timeout_must_be_finite():
+    with pytest.raises(ValueError):
+        Stages("x", cleanup_timeout=float("inf"))

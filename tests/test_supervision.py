@@ -244,3 +244,16 @@ async def test_each_failure_is_logged_with_its_traceback(captured_logs):
     failures = [e for e in captured_logs if e["event"] == "session failed"]
     assert len(failures) == 1
     assert isinstance(failures[0]["exc_info"], DeviceLost)
+
+
+async def test_cancelling_supervision_during_an_overrunning_teardown_stops_it():
+    device = SlowTeardownDevice(teardown_takes=100.0)
+    machine = AvailabilityMachine()
+    supervisor = Supervisor(
+        "gpu", device.open, device.run, availability=machine, teardown_timeout=0.2
+    )
+    async with virtual_time():
+        with anyio.move_on_after(1.0):
+            await supervisor.run()
+    assert supervisor.statistics().failures == 0  # a cancellation is not a fault to retry
+    assert "retrying" not in machine.state.reason

@@ -6,12 +6,25 @@ Real time (threads are involved), short durations.
 from __future__ import annotations
 
 import threading
+import time
 
 import anyio
 import pytest
 
-from aio_runtime import ModelTimeout, UsbTransferTimeout, deadline_scope, run_in_thread
-from aio_runtime.errors import BudgetExhausted
+from aio_runtime import (
+    BudgetExhausted,
+    Completion,
+    Ledger,
+    ModelTimeout,
+    UnboundedWaitError,
+    UsbTransferTimeout,
+    current_deadline,
+    deadline_scope,
+    run_in_thread,
+    use_ledger,
+    wait_complete,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -88,3 +101,77 @@ async def test_cancelling_the_task_stops_and_drains_the_call():
     with anyio.move_on_after(0.05):
         await run_in_thread(call, awaited="x", error=ModelTimeout, timeout=5.0, cancel=stop.set)
     assert returned.is_set()
+
+
+async def test_without_a_stop_request_the_call_is_still_awaited_before_its_buffer_is_free():
+    buffer = bytearray(4)
+    returned = threading.Event()
+
+    def pyusb_read() -> None:
+        time.sleep(0.05)  # ends by its own libusb timeout; nothing can stop it sooner
+        buffer[:] = b"late"
+        returned.set()
+
+    with pytest.raises(UsbTransferTimeout) as info:
+        await run_in_thread(
+            pyusb_read, awaited="pyusb bulk read", error=UsbTransferTimeout, timeout=0.01
+        )
+    assert returned.is_set()  # the buffer is ours again: the call is over
+    assert info.value.in_flight is False
+
+
+async def test_a_refused_call_never_runs():
+    ran = threading.Event()
+    with pytest.raises(UnboundedWaitError):
+        await run_in_thread(ran.set, awaited="x", error=ModelTimeout)
+    with pytest.raises(ValueError):
+        await run_in_thread(ran.set, awaited="x", error=ModelTimeout, timeout=1.0, drain_timeout=-1)
+    assert not ran.is_set()
+
+
+async def test_the_call_sees_the_callers_context():
+    seen = {}
+
+    def call() -> None:
+        seen["deadline"] = current_deadline()
+
+    with deadline_scope(5.0, name="frame 11") as scope:
+        await run_in_thread(call, awaited="x", error=ModelTimeout)
+    assert seen["deadline"] is scope
+
+
+async def test_a_call_that_never_returns_stays_in_the_ledger():
+    ledger = Ledger()
+    release = threading.Event()
+    with use_ledger(ledger):
+        with pytest.raises(ModelTimeout):
+            await run_in_thread(
+                lambda: release.wait(10.0),
+                awaited="stuck model run",
+                error=ModelTimeout,
+                timeout=0.01,
+                drain_timeout=0.01,
+            )
+    assert [str(e) for e in ledger.live()] == ["worker thread: stuck model run"]
+    release.set()
+    with anyio.fail_after(5):
+        await wait_until(
+            lambda: not ledger.live(), bool, awaited="worker done", error=ModelTimeout, timeout=5.0
+        )
+    ledger.assert_empty()
+
+
+async def test_completing_twice_from_a_thread_keeps_the_first_result():
+    completion: Completion[int] = Completion()
+    setter = completion.threadsafe_setter()
+
+    def twice() -> None:
+        setter.set_result(1)
+        setter.set_result(2)
+
+    thread = threading.Thread(target=twice)
+    thread.start()
+    assert await wait_complete(completion, awaited="x", error=ModelTimeout, timeout=5.0) == 1
+    thread.join()
+    await anyio.sleep(0.01)  # the second hand-off runs on the loop and is dropped quietly
+    assert completion.result() == 1

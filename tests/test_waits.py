@@ -17,7 +17,7 @@ from aio_runtime import (
     SignalTimeout,
     UnboundedWaitError,
     UsbTransferTimeout,
-    bounded,
+    WaitBound,
     deadline_scope,
     now,
     wait_complete,
@@ -386,45 +386,145 @@ async def test_a_bounded_sequence_shares_one_deadline_and_reports_the_step_in_pr
 
         tg.start_soon(finish_step_one)
         with pytest.raises(FirmwareTimeout) as info:
-            with bounded(awaited="PSP ring submit", error=FirmwareTimeout, timeout=1.0) as bound:
-                await wait_complete(step_one, awaited="ring write", within=bound)
-                await wait_until(
-                    ScriptedProbe.never(initial=7),
-                    lambda v: v == 9,
-                    awaited="ring fence == 9",
-                    within=bound,
-                    expected=9,
-                )
+            bound = WaitBound(awaited="PSP ring submit", error=FirmwareTimeout, timeout=1.0)
+            await wait_complete(step_one, awaited="ring write", within=bound)
+            await wait_until(
+                ScriptedProbe.never(initial=7),
+                lambda v: v == 9,
+                awaited="ring fence == 9",
+                within=bound,
+                expected=9,
+            )
     exc = info.value
     assert (exc.timeout, exc.elapsed) == (1.0, pytest.approx(1.0))
     assert exc.awaited == "ring fence == 9"
     assert (exc.expected, exc.observed) == (9, 7)
 
 
-async def test_a_bounded_sequence_bounds_steps_that_are_not_waits():
+async def test_a_step_that_is_not_a_wait_runs_under_the_bound_too():
     async with virtual_time():
+        bound = WaitBound(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=0.3)
+
+        async def write() -> str:
+            await anyio.sleep(0.1)
+            return "written"
+
+        assert await bound.run(write(), awaited="write") == "written"
         with pytest.raises(FirmwareTimeout) as info:
-            with bounded(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=0.3):
-                await anyio.Event().wait()  # a register write that never completes
+            await bound.run(anyio.Event().wait(), awaited="register write")  # never completes
     assert info.value.elapsed == pytest.approx(0.3)
-    assert info.value.awaited == "SMU message 0x6"
+    assert info.value.awaited == "register write"
 
 
 async def test_within_excludes_timeout_and_error_is_required_without_it():
-    with bounded(awaited="x", error=SignalTimeout, timeout=1.0) as bound:
-        with pytest.raises(TypeError, match="either"):
-            await wait_until(lambda: 1, bool, awaited="x", within=bound, timeout=1.0)
+    bound = WaitBound(awaited="x", error=SignalTimeout, timeout=1.0)
+    with pytest.raises(TypeError, match="either"):
+        await wait_until(lambda: 1, bool, awaited="x", within=bound, timeout=1.0)
     with pytest.raises(TypeError, match="error="):
         await wait_until(lambda: 1, bool, awaited="x", timeout=1.0)
+    with pytest.raises(TypeError, match="reset_on_progress"):
+        await wait_until(lambda: 1, bool, awaited="x", within=bound, reset_on_progress=True)
 
 
-async def test_a_bounded_sequence_stuck_after_a_finished_step_does_not_blame_that_step():
+async def test_a_sequence_stuck_after_a_finished_step_does_not_blame_that_step():
     async with virtual_time():
+        bound = WaitBound(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=1.0)
+        await wait_until(lambda: 1, bool, awaited="earlier answer", within=bound, expected=1)
         with pytest.raises(FirmwareTimeout) as info:
-            with bounded(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=1.0) as bound:
-                await wait_until(
-                    lambda: 1, bool, awaited="earlier answer", within=bound, expected=1
-                )
-                await anyio.Event().wait()  # then a register write hangs
-    assert info.value.awaited == "SMU message 0x6"
+            await wait_complete(Completion(), awaited="SMU response", within=bound)
+    assert info.value.awaited == "SMU response"
     assert info.value.observed is None
+    assert info.value.elapsed == pytest.approx(1.0)
+
+
+async def test_a_within_wait_keeps_the_final_read_and_the_drain():
+    probe = ScriptedProbe.late(1, after=0.5)
+    op = CancellableOperation(stops_after=None)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        bound = WaitBound(awaited="sequence", error=UsbTransferTimeout, timeout=0.5)
+        assert await wait_until(probe, bool, awaited="value at the deadline", within=bound) == 1
+        with pytest.raises(UsbTransferTimeout) as info:
+            await wait_complete(
+                op.completion, awaited="transfer", within=bound, cancel=op.cancel, drain_timeout=0.1
+            )
+    assert info.value.in_flight is True
+
+
+async def test_a_completion_landing_as_the_deadline_falls_is_returned():
+    class LandsWithTheDeadline(Completion[str]):
+        """Its callback runs in the same loop pass as the deadline, just before the waiter."""
+
+        async def wait(self) -> str:
+            try:
+                return await super().wait()
+            except anyio.get_cancelled_exc_class():
+                self.set_result("data")
+                raise
+
+    async with virtual_time():
+        result = await wait_complete(
+            LandsWithTheDeadline(),
+            awaited="bulk IN",
+            error=UsbTransferTimeout,
+            timeout=1.0,
+            cancel=lambda: None,
+        )
+    assert result == "data"
+
+
+async def test_a_failing_cancel_does_not_replace_the_timeout():
+    def cancel_fails() -> None:
+        raise OSError("LIBUSB_ERROR_NOT_FOUND")
+
+    async with virtual_time():
+        with pytest.raises(UsbTransferTimeout) as info:
+            await wait_complete(
+                Completion(),
+                awaited="bulk IN",
+                error=UsbTransferTimeout,
+                timeout=0.1,
+                cancel=cancel_fails,
+                drain_timeout=0.1,
+            )
+    assert any("NOT_FOUND" in note for note in info.value.__notes__)
+    assert info.value.in_flight is True
+
+
+async def test_a_cancelled_waiter_whose_operation_will_not_stop_says_so():
+    op = CancellableOperation(stops_after=None)
+    cancelled = anyio.get_cancelled_exc_class()
+    notes = []
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        with anyio.move_on_after(0.2):
+            try:
+                await wait_complete(
+                    op.completion,
+                    awaited="bulk IN",
+                    error=UsbTransferTimeout,
+                    timeout=5.0,
+                    cancel=op.cancel,
+                    drain_timeout=0.1,
+                )
+            except cancelled as exc:
+                notes = list(getattr(exc, "__notes__", []))
+                raise
+    assert any("did not stop" in note for note in notes)
+
+
+async def test_numpy_probes_work_with_inactivity_timeouts():
+    import numpy as np
+
+    words = np.zeros(2, dtype=np.uint32)
+    async with virtual_time():
+        with pytest.raises(SignalTimeout) as info:
+            await wait_until(
+                lambda: words.copy(),
+                lambda v: bool(v.all()),
+                awaited="both",
+                error=SignalTimeout,
+                timeout=0.5,
+                reset_on_progress=True,
+            )
+    assert list(info.value.observed) == [0, 0]

@@ -272,3 +272,18 @@ async def test_a_cancelled_watch_is_never_probed_again(watcher):
     after_cancel = len(calls)
     await anyio.sleep(0.02)
     assert len(calls) == after_cancel
+
+
+async def test_a_watched_probe_that_returns_an_awaitable_is_refused(watcher):
+    from aio_runtime import MemoryRegisters
+
+    regs = MemoryRegisters(4)
+    with pytest.raises(TypeError, match="plain memory reads"):
+        await wait_until(
+            lambda: regs.read(0),
+            bool,
+            awaited="x",
+            error=SignalTimeout,
+            timeout=1.0,
+            watcher=watcher,
+        )

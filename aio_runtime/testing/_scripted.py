@@ -132,6 +132,7 @@ class ScriptedFirmware(MemoryRegisters):
         return Reply(after=math.inf)
 
     async def write(self, index: int, value: int) -> None:
+        self._answer_if_due()
         await super().write(index, value)
         if index == self.layout.message:
             argument = int(self.words[self.layout.argument])
