@@ -10,11 +10,8 @@ import pytest
 import trio.testing
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("trio", {"clock": trio.testing.MockClock(rate=1.0)}), id="trio"),
-    ]
-)
+@pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> object:
+    if request.param == "trio":
+        return ("trio", {"clock": trio.testing.MockClock(rate=1.0)})  # a fresh clock per test
     return request.param
