@@ -1,18 +1,15 @@
 from __future__ import annotations
 
 import pytest
+from timeout_kinds import TIMEOUT_KINDS
 
 from aio_runtime import (
     BudgetExhausted,
-    CameraTimeout,
     DeviceLost,
     FirmwareError,
-    FirmwareTimeout,
     HardwareTimeout,
     InvalidOutput,
     Layer,
-    ModelTimeout,
-    PcieRequestTimeout,
     RuntimeFault,
     SignalTimeout,
     TransferError,
@@ -20,17 +17,8 @@ from aio_runtime import (
     map_exceptions,
 )
 
-KINDS = [
-    (UsbTransferTimeout, Layer.USB_TRANSFER),
-    (PcieRequestTimeout, Layer.PCIE_REQUEST),
-    (SignalTimeout, Layer.GPU_QUEUE),
-    (FirmwareTimeout, Layer.FIRMWARE),
-    (CameraTimeout, Layer.CAMERA),
-    (ModelTimeout, Layer.MODEL),
-]
 
-
-@pytest.mark.parametrize(("kind", "layer"), KINDS)
+@pytest.mark.parametrize(("kind", "layer"), TIMEOUT_KINDS)
 def test_each_timeout_kind_is_a_hardware_timeout_with_its_layer(kind, layer):
     exc = kind(awaited="thing", timeout=1.0, elapsed=1.001)
     assert isinstance(exc, HardwareTimeout)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from timeout_kinds import TIMEOUT_KINDS
 
 from aio_runtime import (
     BudgetExhausted,
-    CameraTimeout,
     Completion,
     FirmwareTimeout,
     Layer,
-    ModelTimeout,
-    PcieRequestTimeout,
     PollPolicy,
     SignalTimeout,
     UnboundedWaitError,
@@ -31,17 +29,8 @@ EPS = 1e-9  # float rounding of virtual clock arithmetic
 
 SLACK = 1e-6  # virtual time: a timeout fires exactly at its deadline
 
-KINDS = [
-    (UsbTransferTimeout, Layer.USB_TRANSFER),
-    (PcieRequestTimeout, Layer.PCIE_REQUEST),
-    (SignalTimeout, Layer.GPU_QUEUE),
-    (FirmwareTimeout, Layer.FIRMWARE),
-    (CameraTimeout, Layer.CAMERA),
-    (ModelTimeout, Layer.MODEL),
-]
 
-
-@pytest.mark.parametrize(("kind", "layer"), KINDS)
+@pytest.mark.parametrize(("kind", "layer"), TIMEOUT_KINDS)
 async def test_probe_wait_times_out_with_its_kind_layer_values_and_elapsed(kind, layer):
     probe = ScriptedProbe.never(initial=3)
     async with virtual_time():
@@ -58,7 +47,7 @@ async def test_probe_wait_times_out_with_its_kind_layer_values_and_elapsed(kind,
     assert exc.awaited == "word >= 5"
 
 
-@pytest.mark.parametrize(("kind", "layer"), KINDS)
+@pytest.mark.parametrize(("kind", "layer"), TIMEOUT_KINDS)
 async def test_completion_wait_times_out_with_its_kind_and_layer(kind, layer):
     async with virtual_time():
         with pytest.raises(kind) as info:
