@@ -28,7 +28,7 @@ bench: setup
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks
-	$(PY) -m mypy --strict aio_runtime
+	$(PY) -m mypy --strict aio_runtime transports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,102 @@
+"""The simulated USB backend: every transfer bounded, every failure typed and layered."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fake_pcie import FakeGpu
+
+from aio_runtime import (
+    BudgetExhausted,
+    DeviceLost,
+    Layer,
+    UnboundedWaitError,
+    UsbTransferTimeout,
+    deadline_scope,
+)
+from aio_runtime.testing import virtual_time
+from transports.sim import Fault, FaultPlan, FaultRule
+from transports.sim.bridge import FENCE_XDATA, SimBridge
+from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, SimUsbTransport, UsbStall
+
+pytestmark = pytest.mark.anyio
+
+
+def transport(*rules: FaultRule) -> tuple[SimUsbTransport, FaultPlan]:
+    plan = FaultPlan(rules)
+    return SimUsbTransport(SimBridge(FakeGpu(), plan=plan)), plan
+
+
+async def test_an_sram_round_trip_through_the_transport():
+    usb, _ = transport()
+    wire = bytes(range(256)) * 64  # one 16 KiB slot
+    await usb.control_out(CONTROL_OUT, 0xF2, len(wire) // 512, 0 | 1 << 8, timeout=1)
+    await usb.bulk_out(0x02, wire, timeout=1)
+    usb.bridge.dma_write(0x82200C, bytes(4))  # (no read armed yet: releases nothing)
+    await usb.control_out(CONTROL_OUT, 0xF2, len(wire) // 512 | 0x8000, 0 | 1 << 8, timeout=1)
+    usb.bridge.dma_write(0x82200C, bytes(4))  # the GPU releases the armed read
+    assert await usb.bulk_in(0x81, len(wire), timeout=1) == wire
+
+
+async def test_a_transfer_the_device_never_answers_times_out_typed():
+    usb, _ = transport(FaultRule(Fault.USB_TIMEOUT, at=1))
+    async with virtual_time():
+        with pytest.raises(UsbTransferTimeout) as info:
+            await usb.control_in(CONTROL_IN, 0xE4, FENCE_XDATA, 0, 1, timeout=1.0)
+    exc = info.value
+    assert exc.layer is Layer.USB_TRANSFER
+    assert exc.elapsed == pytest.approx(1.0)
+    assert exc.awaited == "control IN 0xe4 (value 0xa800, 1 bytes)"
+
+
+async def test_a_frame_budget_bounds_a_transfer():
+    usb, _ = transport(FaultRule(Fault.USB_TIMEOUT, at=1))
+    async with virtual_time():
+        with deadline_scope(0.05, name="frame 3"):
+            with pytest.raises(BudgetExhausted) as info:
+                await usb.bulk_in(0x81, 512, timeout=10.0)
+    assert info.value.layer is Layer.USB_TRANSFER
+
+
+async def test_a_transfer_without_a_bound_is_refused():
+    usb, plan = transport()
+    with pytest.raises(UnboundedWaitError):
+        await usb.control_in(CONTROL_IN, 0xE4, 0, 0, 1)
+    assert plan.occurrences(Fault.DISCONNECT) == 0  # nothing reached the device
+
+
+async def test_no_device_is_device_lost_on_the_usb_layer_until_it_reappears():
+    usb, plan = transport(FaultRule(Fault.DISCONNECT, at=1, count=math.inf))
+    with pytest.raises(DeviceLost) as info:
+        await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 0, timeout=1)
+    assert info.value.layer is Layer.USB_TRANSFER
+    plan.clear(Fault.DISCONNECT)
+    await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 0, timeout=1)
+
+
+async def test_a_refused_request_is_a_stall():
+    usb, _ = transport()
+    with pytest.raises(UsbStall, match="no armed"):
+        await usb.bulk_out(0x02, b"x" * 512, timeout=1)
+
+
+async def test_fewer_bytes_than_required_is_a_short_transfer():
+    usb, _ = transport(FaultRule(Fault.SHORT_TRANSFER, at=1, params={"length": 2}))
+    with pytest.raises(ShortTransfer) as info:
+        await usb.control_in(CONTROL_IN, 0xE4, 0, 0, 8, timeout=1)
+    assert (info.value.expected, info.value.actual) == (8, 2)
+    assert info.value.layer is Layer.USB_TRANSFER
+
+
+async def test_a_closed_transport_refuses_transfers():
+    usb, _ = transport()
+    await usb.aclose()
+    with pytest.raises(DeviceLost, match="closed"):
+        await usb.control_in(CONTROL_IN, 0xE4, 0, 0, 1, timeout=1)
+
+
+async def test_only_vendor_requests_reach_the_bridge():
+    usb, _ = transport()
+    with pytest.raises(ValueError, match="vendor"):
+        await usb.control_in(0x80, 0x06, 0x0100, 0, 18, timeout=1)

@@ -1,0 +1,19 @@
+"""USB transports: one async interface for every backend, with bounded, typed transfers."""
+
+from .base import (
+    CONTROL_IN,
+    CONTROL_OUT,
+    ShortTransfer,
+    UsbStall,
+    UsbTransport,
+)
+from .sim import SimUsbTransport
+
+__all__ = [
+    "CONTROL_IN",
+    "CONTROL_OUT",
+    "ShortTransfer",
+    "SimUsbTransport",
+    "UsbStall",
+    "UsbTransport",
+]
