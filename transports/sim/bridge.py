@@ -24,7 +24,8 @@ Vendor requests (bmRequestType 0x40 out, 0xC0 in):
 - ``0xE5`` out: ``wValue`` = XDATA address, ``wIndex`` = the byte.
 - ``0xF3`` out: PCIe power, ``wValue`` 1 = on, 0 = off. The link trains ``link_latency`` seconds
   after power-on (the LTSSM byte reads 0x78 from then on).
-- ``0xF0`` out: a PCIe request. ``wValue`` = TLP fmt/type | byte-enables << 8; ``wIndex`` = mode:
+- ``0xF0`` out: a PCIe request. ``wValue`` = TLP fmt/type | byte-enables << 8 (the enabled byte
+  lanes of the dword at the dword-aligned address; data sits in its lanes); ``wIndex`` = mode:
   0 one TLP, 1 streaming memory write (the data follows on bulk OUT), 2 streaming memory read (the
   data comes back on bulk IN). Data: 12 bytes = address low, address high, and the value (mode 0)
   or the dword count (modes 1, 2), little-endian u32 each.
@@ -315,13 +316,14 @@ class SimBridge:
         if self._ltssm() != LINK_UP:
             self._complete(0, CompletionStatus.UNSUPPORTED_REQUEST)
             return
-        size = bin(byte_enables & 0xF).count("1") or 4
+        lanes = byte_enables & 0xF or 0xF  # which bytes of the dword the TLP carries
+        first, size = (lanes & -lanes).bit_length() - 1, bin(lanes).count("1")
         try:
             if fmt_type in (_MWR32, _MWR64):  # posted: no completion
-                self._route_write(address, word.to_bytes(4, "little")[:size])
+                self._route_write(address + first, word.to_bytes(4, "little")[first : first + size])
             elif fmt_type in (_MRD32, _MRD64):
-                read = self._route_read(address, size)
-                self._complete(int.from_bytes(read.ljust(4, b"\0"), "little"))
+                read = self._route_read(address + first, size)
+                self._complete(int.from_bytes(read, "little") << (8 * first))
             elif fmt_type in _CFG_READ or fmt_type in _CFG_WRITE:
                 bus, device, function = low >> 24, (low >> 19) & 0x1F, (low >> 16) & 0x7
                 register = low & 0xFFC

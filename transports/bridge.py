@@ -1,0 +1,260 @@
+"""The host side of the USB-PCIe bridge: controller memory, PCIe requests, the SRAM DMA engine,
+power and link bring-up — every step bounded, over any :class:`~transports.usb.UsbTransport`.
+
+Request formats are those of :mod:`transports.sim.bridge` (spec hardware-waits §4.3-4.4). Each
+vendor request is one USB transfer with its own timeout (``control_timeout``). A PCIe request is
+bounded as a whole by ``request_timeout`` (its transfers and its retries):
+:class:`aio_runtime.PcieRequestTimeout` when that runs out. The bridge answers "busy, retry" with a
+non-zero return status; the request is repeated ``retry_interval`` apart, at most ``retries`` times,
+then fails with :class:`PcieRetriesExhausted`. A completion status other than success fails at
+once with :class:`PcieCompletionError` (unsupported request, completer abort, configuration retry).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from aio_runtime import (
+    Layer,
+    PcieRequestTimeout,
+    PollPolicy,
+    TransferError,
+    WaitBound,
+    wait_until,
+)
+
+from .usb import CONTROL_IN, CONTROL_OUT, UsbTransport
+
+__all__ = ["BridgeClient", "PcieCompletionError", "PcieRetriesExhausted"]
+
+LTSSM_XDATA, LINK_UP = 0xB450, 0x78
+SECTOR, SLOT, SRAM_SLOTS = 512, 0x4000, 32
+EP_BULK_OUT, EP_BULK_IN = 0x02, 0x81
+_MRD32, _MRD64, _MWR32, _MWR64 = 0x00, 0x20, 0x40, 0x60
+_COMPLETION_NAMES = {1: "unsupported request", 2: "configuration retry", 4: "completer abort"}
+
+
+class PcieCompletionError(TransferError):
+    """A PCIe request completed with a status other than success."""
+
+    default_layer = Layer.PCIE_REQUEST
+
+    def __init__(self, message: str, *, status: int, awaited: str = "") -> None:
+        super().__init__(message, awaited=awaited)
+        self.status = status
+
+
+class PcieRetriesExhausted(TransferError):
+    """The bridge kept answering "busy, retry" to a PCIe request."""
+
+    default_layer = Layer.PCIE_REQUEST
+
+
+def _byte_enables(address: int, size: int) -> int:
+    if size not in (1, 2, 4) or (address & 3) + size > 4:
+        raise ValueError(
+            f"a single TLP moves 1, 2 or 4 bytes within a dword, got {size} at 0x{address:x}"
+        )
+    return ((1 << size) - 1) << (address & 3)
+
+
+class BridgeClient:
+    """Drives one bridge through a USB transport."""
+
+    def __init__(
+        self,
+        usb: UsbTransport,
+        *,
+        control_timeout: float = 1.0,
+        request_timeout: float = 5.0,
+        retries: int = 10,
+        retry_interval: float = 0.001,
+    ) -> None:
+        self.usb = usb
+        self.control_timeout = control_timeout
+        self.request_timeout = request_timeout
+        self.retries = retries
+        self._retry_policy = PollPolicy(
+            spin=0, first_interval=retry_interval, max_interval=retry_interval
+        )
+
+    # -- controller memory -----------------------------------------------------------------
+
+    async def read_xdata(self, address: int, length: int) -> bytes:
+        """Read controller memory (0xE4, up to 0xFF bytes per request)."""
+        parts = []
+        for offset in range(0, length, 0xFF):
+            size = min(0xFF, length - offset)
+            parts.append(
+                await self.usb.control_in(
+                    CONTROL_IN, 0xE4, address + offset, 0, size, timeout=self.control_timeout
+                )
+            )
+        return b"".join(parts)
+
+    async def write_xdata(self, address: int, data: bytes) -> None:
+        """Write controller memory, one 0xE5 request per byte."""
+        for offset, byte in enumerate(data):
+            await self.usb.control_out(
+                CONTROL_OUT, 0xE5, address + offset, byte, timeout=self.control_timeout
+            )
+
+    # -- power and link --------------------------------------------------------------------
+
+    async def link_state(self) -> int:
+        return (await self.read_xdata(LTSSM_XDATA, 1))[0]
+
+    async def power(self, on: bool) -> None:
+        await self.usb.control_out(CONTROL_OUT, 0xF3, int(on), 0, timeout=self.control_timeout)
+
+    async def bring_up_link(self, *, timeout: float) -> None:
+        """Power the PCIe side on if the link is down, then wait for the link to train."""
+        if await self.link_state() == LINK_UP:
+            return
+        await self.power(True)
+        await wait_until(
+            self.link_state,
+            lambda state: state == LINK_UP,
+            awaited="PCIe link up (LTSSM byte)",
+            error=PcieRequestTimeout,
+            timeout=timeout,
+            expected=LINK_UP,
+        )
+
+    # -- PCIe requests ---------------------------------------------------------------------
+
+    async def _request(
+        self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
+    ) -> int:
+        """One TLP with a completion: issue, read the completion, retry while the bridge is busy."""
+        bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
+        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, word)
+        attempts = 0
+
+        async def attempt() -> tuple[int, int, int]:
+            nonlocal attempts
+            attempts += 1
+            if attempts > self.retries + 1:
+                raise PcieRetriesExhausted(
+                    f"{awaited}: the bridge answered 'retry' {self.retries + 1} times",
+                    awaited=awaited,
+                )
+            await bound.run(
+                self.usb.control_out(
+                    CONTROL_OUT,
+                    0xF0,
+                    fmt_type | byte_enables << 8,
+                    0,
+                    tlp,
+                    timeout=self.control_timeout,
+                ),
+                awaited=f"{awaited}: request",
+            )
+            raw = await bound.run(
+                self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
+                awaited=f"{awaited}: completion",
+            )
+            data, status_byte, _, _, bridge_status = struct.unpack("<IBBBB", raw)
+            return data, status_byte >> 5, bridge_status
+
+        data, status, _ = await wait_until(
+            attempt,
+            lambda completion: completion[2] == 0,
+            awaited=f"{awaited}: bridge accepts the request",
+            within=bound,
+            policy=self._retry_policy,
+        )
+        if status:
+            name = _COMPLETION_NAMES.get(status, "unknown status")
+            raise PcieCompletionError(
+                f"{awaited}: completion status {status} ({name})", status=status, awaited=awaited
+            )
+        return int(data)
+
+    async def _posted(
+        self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
+    ) -> None:
+        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, word)
+        await self.usb.control_out(
+            CONTROL_OUT, 0xF0, fmt_type | byte_enables << 8, 0, tlp, timeout=self.control_timeout
+        )
+
+    async def config_read(self, bus: int, device: int, function: int, register: int) -> int:
+        """A configuration read of one dword (type 1 past bus 0)."""
+        awaited = f"PCIe config read {bus:02x}:{device:02x}.{function} +0x{register:x}"
+        return await self._request(
+            0x04 + (bus > 0), 0xF, _config_address(bus, device, function, register), 0, awaited
+        )
+
+    async def config_write(
+        self, bus: int, device: int, function: int, register: int, value: int, size: int = 4
+    ) -> None:
+        awaited = f"PCIe config write {bus:02x}:{device:02x}.{function} +0x{register:x}"
+        enables = _byte_enables(register, size)
+        shifted = (value << (8 * (register & 3))) & 0xFFFFFFFF
+        await self._request(
+            0x44 + (bus > 0),
+            enables,
+            _config_address(bus, device, function, register),
+            shifted,
+            awaited,
+        )
+
+    async def mem_read(self, address: int, size: int = 4) -> int:
+        """A memory read of 1, 2 or 4 bytes (MMIO)."""
+        enables = _byte_enables(address, size)
+        fmt = _MRD64 if address >> 32 else _MRD32
+        word = await self._request(
+            fmt, enables, address & ~3, 0, f"PCIe memory read 0x{address:x} ({size} bytes)"
+        )
+        return (word >> (8 * (address & 3))) & ((1 << (8 * size)) - 1)
+
+    async def mem_write(self, address: int, value: int, size: int = 4) -> None:
+        """A posted memory write of 1, 2 or 4 bytes (MMIO)."""
+        enables = _byte_enables(address, size)
+        fmt = _MWR64 if address >> 32 else _MWR32
+        await self._posted(
+            fmt,
+            enables,
+            address & ~3,
+            (value << (8 * (address & 3))) & 0xFFFFFFFF,
+            f"PCIe memory write 0x{address:x}",
+        )
+
+    async def write_stream(self, address: int, data: bytes) -> None:
+        """A streaming memory write: the data rides the bulk OUT endpoint."""
+        if not data or len(data) % 4 or address & 3:
+            raise ValueError("a streaming write moves whole, aligned dwords")
+        fmt = _MWR64 if address >> 32 else _MWR32
+        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, len(data) // 4)
+        await self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout)
+        await self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.control_timeout)
+
+    async def read_stream(self, address: int, length: int) -> bytes:
+        """A streaming memory read: the data comes back on the bulk IN endpoint."""
+        if not length or length % 4 or address & 3:
+            raise ValueError("a streaming read moves whole, aligned dwords")
+        fmt = _MRD64 if address >> 32 else _MRD32
+        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, length // 4)
+        await self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout)
+        return await self.usb.bulk_in(EP_BULK_IN, length, timeout=self.control_timeout)
+
+    # -- the SRAM DMA engine ---------------------------------------------------------------
+
+    async def arm_sram(self, *, read: bool, slot: int, length: int) -> None:
+        """Arm the DMA engine for the next bulk transfer of ``length`` bytes at ``slot``."""
+        if length <= 0 or length % SECTOR:
+            raise ValueError(f"SRAM transfers move whole 512-byte sectors, got {length}")
+        count = -(-length // SLOT)
+        if not (0 <= slot and slot + count <= SRAM_SLOTS):
+            raise ValueError(f"{length} bytes at slot {slot} do not fit the 32-slot SRAM")
+        value = length // SECTOR | (0x8000 if read else 0)
+        await self.usb.control_out(
+            CONTROL_OUT, 0xF2, value, slot | count << 8, timeout=self.control_timeout
+        )
+
+
+def _config_address(bus: int, device: int, function: int, register: int) -> int:
+    if not (0 <= bus < 256 and 0 <= device < 32 and 0 <= function < 8 and 0 <= register < 0x1000):
+        raise ValueError(f"no such configuration address {bus}:{device}.{function} +0x{register:x}")
+    return bus << 24 | device << 19 | function << 16 | (register & 0xFFC)
