@@ -106,8 +106,7 @@ async def test_a_lost_completion_is_told_apart_by_layer():
     async def lost_completion(**kwargs):
         c = client(**kwargs)
         await c.bring_up_link(timeout=1.0)
-        plan = bridge_of(c).plan
-        plan.add(FaultRule(Fault.USB_TIMEOUT, at=plan.occurrences(Fault.USB_TIMEOUT) + 2))
+        bridge_of(c).plan.add(FaultRule(Fault.USB_TIMEOUT, at=2))
         return c
 
     async with virtual_time():
@@ -152,3 +151,22 @@ async def test_sram_is_reached_by_arming_the_dma_engine():
     for bad in ({"slot": 0, "length": 100}, {"slot": 31, "length": 0x8000}):
         with pytest.raises(ValueError):
             await c.arm_sram(read=True, **bad)
+
+
+async def test_link_bring_up_is_one_bound_from_the_first_request():
+    c = client(FaultRule(Fault.USB_TIMEOUT, at=1))  # the very first link-state read hangs
+    async with virtual_time():
+        with pytest.raises(PcieRequestTimeout) as info:
+            await c.bring_up_link(timeout=0.1)
+    assert info.value.elapsed == pytest.approx(0.1)
+    assert info.value.awaited == "PCIe link state"
+
+
+async def test_a_stream_whose_data_stage_hangs_is_a_pcie_request_timeout():
+    c = client(request_timeout=0.5)
+    await c.bring_up_link(timeout=1.0)
+    bridge_of(c).plan.add(FaultRule(Fault.USB_TIMEOUT, at=2))  # the bulk stage
+    async with virtual_time():
+        with pytest.raises(PcieRequestTimeout) as info:
+            await c.read_stream(FakeGpu.BASE, 64)
+    assert info.value.awaited.endswith(": data")

@@ -28,7 +28,7 @@ from transports.sim.bridge import (
 
 pytestmark = pytest.mark.anyio
 
-MWR32, MRD32, CFG_READ0, CFG_WRITE0 = 0x40, 0x00, 0x04, 0x44
+MWR32, MRD32, CFG_READ0, CFG_READ1 = 0x40, 0x00, 0x04, 0x05
 
 
 def tlp(address: int, word: int) -> bytes:
@@ -68,13 +68,22 @@ async def test_the_link_comes_up_after_power_on_and_its_latency():
 
 async def test_a_config_read_tlp_returns_its_completion():
     bridge = await powered(SimBridge(FakeGpu()))
-    await bridge.control_out(0xF0, CFG_READ0 | 0xF << 8, 0, tlp(4 << 24, 0))
+    await bridge.control_out(0xF0, CFG_READ1 | 0xF << 8, 0, tlp(4 << 24, 0))
     assert completion(await bridge.control_in(0xF0, 0, 0, 8)) == (0x7550_1002, 0, 0)
+
+
+async def test_a_config_request_of_the_wrong_type_for_its_bus_is_unsupported():
+    bridge = await powered(SimBridge(FakeGpu()))
+    await bridge.control_out(0xF0, CFG_READ0 | 0xF << 8, 0, tlp(4 << 24, 0))  # type 0 past bus 0
+    assert (
+        completion(await bridge.control_in(0xF0, 0, 0, 8))[1]
+        == CompletionStatus.UNSUPPORTED_REQUEST
+    )
 
 
 async def test_an_unclaimed_address_completes_with_unsupported_request():
     bridge = await powered(SimBridge(FakeGpu()))
-    await bridge.control_out(0xF0, CFG_READ0 | 0xF << 8, 0, tlp(5 << 24, 0))
+    await bridge.control_out(0xF0, CFG_READ1 | 0xF << 8, 0, tlp(5 << 24, 0))
     assert (
         completion(await bridge.control_in(0xF0, 0, 0, 8))[1]
         == CompletionStatus.UNSUPPORTED_REQUEST
@@ -84,7 +93,7 @@ async def test_an_unclaimed_address_completes_with_unsupported_request():
 async def test_tlps_before_the_link_is_up_are_not_delivered():
     gpu = FakeGpu()
     bridge = SimBridge(gpu)
-    await bridge.control_out(0xF0, CFG_READ0 | 0xF << 8, 0, tlp(4 << 24, 0))
+    await bridge.control_out(0xF0, CFG_READ1 | 0xF << 8, 0, tlp(4 << 24, 0))
     assert (
         completion(await bridge.control_in(0xF0, 0, 0, 8))[1]
         == CompletionStatus.UNSUPPORTED_REQUEST
@@ -176,10 +185,10 @@ async def test_a_retry_storm_answers_with_the_bridge_retry_status_until_cleared(
     plan = FaultPlan([FaultRule(Fault.TLP_RETRY_STORM, at=1, count=math.inf)])
     bridge = await powered(SimBridge(FakeGpu(), plan=plan))
     for _ in range(3):
-        await bridge.control_out(0xF0, CFG_READ0 | 0xF << 8, 0, tlp(4 << 24, 0))
+        await bridge.control_out(0xF0, CFG_READ1 | 0xF << 8, 0, tlp(4 << 24, 0))
         assert completion(await bridge.control_in(0xF0, 0, 0, 8))[2] != 0
     plan.clear(Fault.TLP_RETRY_STORM)
-    await bridge.control_out(0xF0, CFG_READ0 | 0xF << 8, 0, tlp(4 << 24, 0))
+    await bridge.control_out(0xF0, CFG_READ1 | 0xF << 8, 0, tlp(4 << 24, 0))
     assert completion(await bridge.control_in(0xF0, 0, 0, 8)) == (0x7550_1002, 0, 0)
 
 
@@ -209,3 +218,86 @@ async def test_a_short_transfer_fault_delivers_fewer_bytes():
     bridge = SimBridge(FakeGpu(), plan=plan)
     assert len(await bridge.control_in(0xE4, 0, 0, 8)) == 3
     assert len(await bridge.control_in(0xE4, 0, 0, 8)) == 8
+
+
+async def test_posted_writes_are_not_answered_retry_and_are_lost_with_the_link_down():
+    gpu = FakeGpu()
+    plan = FaultPlan([FaultRule(Fault.TLP_RETRY_STORM, at=1, count=math.inf)])
+    bridge = await powered(SimBridge(gpu, plan=plan))
+    await bridge.control_out(0xF0, MWR32 | 0xF << 8, 0, tlp(FakeGpu.BASE, 0x01020304))
+    assert gpu.memory[:4] == bytes([4, 3, 2, 1])  # a storm only answers requests that complete
+    assert plan.occurrences(Fault.TLP_RETRY_STORM) == 0
+    await bridge.control_out(0xF3, 0, 0, b"")
+    await bridge.control_out(0xF0, MWR32 | 0xF << 8, 0, tlp(FakeGpu.BASE, 0xFFFFFFFF))
+    assert gpu.memory[:4] == bytes([4, 3, 2, 1])
+
+
+async def test_streams_need_the_link_and_a_zero_length_stream_hangs():
+    bridge = SimBridge(FakeGpu())
+    with pytest.raises(SimTransferError, match="link down"):
+        await bridge.control_out(0xF0, MWR32, 1, tlp(FakeGpu.BASE, 4))
+    await powered(bridge)
+    async with virtual_time():
+        with anyio.move_on_after(5.0) as scope:
+            await bridge.control_out(0xF0, MWR32, 1, tlp(FakeGpu.BASE, 0))
+    assert scope.cancelled_caught
+
+
+async def test_unclaimed_stream_reads_return_all_ones_and_writes_are_dropped():
+    bridge = await powered(SimBridge(FakeGpu()))
+    await bridge.control_out(0xF0, MWR32, 1, tlp(0x9000_0000, 1))
+    assert await bridge.bulk_out(0x02, b"abcd") == 4
+    await bridge.control_out(0xF0, MRD32, 2, tlp(0x9000_0000, 1))
+    assert await bridge.bulk_in(0x81, 4) == b"\xff" * 4
+
+
+async def test_powering_on_again_does_not_retrain_the_link():
+    bridge = SimBridge(FakeGpu(), link_latency=1.0)
+    async with virtual_time():
+        await bridge.control_out(0xF3, 1, 0, b"")
+        await anyio.sleep(1.0)
+        await bridge.control_out(0xF3, 1, 0, b"")
+        assert (await bridge.control_in(0xE4, LTSSM_XDATA, 0, 1))[0] == LINK_UP
+
+
+async def test_a_bulk_transfer_that_does_not_complete_disarms_the_engine():
+    bridge = await powered(SimBridge(FakeGpu()))
+    await bridge.control_out(0xF2, 1 | 0x8000, 0 | 1 << 8, b"")
+    async with virtual_time():
+        with anyio.move_on_after(1.0):
+            await bridge.bulk_in(0x81, 512)  # never released; the host gives up
+    await bridge.control_out(0xF2, 1, 0 | 1 << 8, b"")  # and can arm again
+    assert await bridge.bulk_out(0x02, b"y" * 512) == 512
+
+
+async def test_an_unplug_fails_the_transfer_in_flight_and_the_bridge_returns_reset():
+    plan = FaultPlan()
+    bridge = await powered(SimBridge(FakeGpu(), plan=plan))
+    await bridge.control_out(0xF2, 1 | 0x8000, 0 | 1 << 8, b"")
+    async with anyio.create_task_group() as tg:
+        outcome = []
+
+        async def read():
+            try:
+                await bridge.bulk_in(0x81, 512)
+            except SimDeviceGone:
+                outcome.append("gone")
+
+        tg.start_soon(read)
+        await anyio.sleep(0.01)
+        bridge.unplug()
+    assert outcome == ["gone"]
+    # back on the bus: re-enumerated, so powered off and with nothing armed
+    assert (await bridge.control_in(0xE4, LTSSM_XDATA, 0, 1))[0] == 0
+    with pytest.raises(SimTransferError, match="no armed"):
+        await bridge.bulk_in(0x81, 512)
+
+
+async def test_a_short_data_stage_on_a_request_is_reported_and_not_carried_out():
+    plan = FaultPlan([FaultRule(Fault.SHORT_TRANSFER, at=1, params={"length": 5})])
+    gpu = FakeGpu()
+    bridge = await powered(SimBridge(gpu, plan=plan))
+    assert await bridge.control_out(0xF0, MWR32 | 0xF << 8, 0, tlp(FakeGpu.BASE, 0x55)) == 5
+    assert not any(gpu.memory)
+    await bridge.control_out(0xE5, FENCE_XDATA, 1, b"")  # no data stage: not cut short
+    assert plan.occurrences(Fault.SHORT_TRANSFER) == 1

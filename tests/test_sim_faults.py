@@ -79,3 +79,18 @@ def test_rule_params_cannot_be_changed_behind_the_plan():
     rule = FaultRule(Fault.SHORT_TRANSFER, at=1, params={"length": 10})
     with pytest.raises(TypeError):
         rule.params["length"] = 5  # type: ignore[index]
+
+
+async def test_a_rule_added_mid_run_counts_from_when_it_was_added():
+    async with virtual_time():
+        plan = FaultPlan()
+        for _ in range(5):
+            plan.check(Fault.USB_TIMEOUT)
+        await anyio.sleep(10.0)
+        plan.add(FaultRule(Fault.USB_TIMEOUT, at=2))
+        plan.add(FaultRule(Fault.TLP_RETRY_STORM, window=(0.0, 1.0)))
+        assert plan.check(Fault.USB_TIMEOUT) is None
+        assert plan.check(Fault.USB_TIMEOUT) is not None  # the 2nd since it was added
+        assert plan.check(Fault.TLP_RETRY_STORM) is not None  # its window starts now
+        await anyio.sleep(1.0)
+        assert plan.check(Fault.TLP_RETRY_STORM) is None

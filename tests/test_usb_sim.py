@@ -66,13 +66,34 @@ async def test_a_transfer_without_a_bound_is_refused():
     assert plan.occurrences(Fault.DISCONNECT) == 0  # nothing reached the device
 
 
-async def test_no_device_is_device_lost_on_the_usb_layer_until_it_reappears():
+async def test_no_device_is_device_lost_and_the_handle_stays_dead_until_reopened():
     usb, plan = transport(FaultRule(Fault.DISCONNECT, at=1, count=math.inf))
     with pytest.raises(DeviceLost) as info:
         await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 0, timeout=1)
     assert info.value.layer is Layer.USB_TRANSFER
     plan.clear(Fault.DISCONNECT)
-    await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 0, timeout=1)
+    with pytest.raises(DeviceLost, match="open it again"):
+        await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 0, timeout=1)
+    reopened = SimUsbTransport(usb.bridge)
+    await reopened.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 0, timeout=1)
+
+
+async def test_a_reset_lets_the_host_start_again_from_a_known_state():
+    usb, _ = transport()
+    await usb.control_out(CONTROL_OUT, 0xF2, 1 | 0x8000, 0 | 1 << 8, timeout=1)
+    with pytest.raises(UsbStall, match="already armed"):
+        await usb.control_out(CONTROL_OUT, 0xF2, 1, 0 | 1 << 8, timeout=1)
+    await usb.reset(timeout=1)
+    await usb.control_out(CONTROL_OUT, 0xF2, 1, 0 | 1 << 8, timeout=1)
+
+
+async def test_a_short_bulk_transfer_is_typed():
+    usb, plan = transport()
+    await usb.control_out(CONTROL_OUT, 0xF2, 1, 0 | 1 << 8, timeout=1)
+    plan.add(FaultRule(Fault.SHORT_TRANSFER, at=1, params={"length": 100}))
+    with pytest.raises(ShortTransfer) as info:
+        await usb.bulk_out(0x02, b"z" * 512, timeout=1)
+    assert (info.value.expected, info.value.actual) == (512, 100)
 
 
 async def test_a_refused_request_is_a_stall():

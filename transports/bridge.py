@@ -2,7 +2,8 @@
 power and link bring-up — every step bounded, over any :class:`~transports.usb.UsbTransport`.
 
 Request formats are those of :mod:`transports.sim.bridge` (spec hardware-waits §4.3-4.4). Each
-vendor request is one USB transfer with its own timeout (``control_timeout``). A PCIe request is
+vendor request is one USB transfer with its own timeout: ``control_timeout`` (1 s), 0xF3 power
+``power_timeout`` (10 s), the bulk stage of a stream ``bulk_timeout`` (10 s). A PCIe request is
 bounded as a whole by ``request_timeout`` (its transfers and its retries):
 :class:`aio_runtime.PcieRequestTimeout` when that runs out. The bridge answers "busy, retry" with a
 non-zero return status; the request is repeated ``retry_interval`` apart, at most ``retries`` times,
@@ -67,12 +68,16 @@ class BridgeClient:
         *,
         control_timeout: float = 1.0,
         request_timeout: float = 5.0,
+        power_timeout: float = 10.0,
+        bulk_timeout: float = 10.0,
         retries: int = 10,
         retry_interval: float = 0.001,
     ) -> None:
         self.usb = usb
         self.control_timeout = control_timeout
         self.request_timeout = request_timeout
+        self.power_timeout = power_timeout
+        self.bulk_timeout = bulk_timeout
         self.retries = retries
         self._retry_policy = PollPolicy(
             spin=0, first_interval=retry_interval, max_interval=retry_interval
@@ -105,19 +110,20 @@ class BridgeClient:
         return (await self.read_xdata(LTSSM_XDATA, 1))[0]
 
     async def power(self, on: bool) -> None:
-        await self.usb.control_out(CONTROL_OUT, 0xF3, int(on), 0, timeout=self.control_timeout)
+        await self.usb.control_out(CONTROL_OUT, 0xF3, int(on), 0, timeout=self.power_timeout)
 
     async def bring_up_link(self, *, timeout: float) -> None:
-        """Power the PCIe side on if the link is down, then wait for the link to train."""
-        if await self.link_state() == LINK_UP:
+        """Power the PCIe side on if the link is down, then wait for the link to train — all of
+        it within ``timeout``."""
+        bound = WaitBound(awaited="PCIe link up", error=PcieRequestTimeout, timeout=timeout)
+        if await bound.run(self.link_state(), awaited="PCIe link state") == LINK_UP:
             return
-        await self.power(True)
+        await bound.run(self.power(True), awaited="PCIe power on")
         await wait_until(
             self.link_state,
             lambda state: state == LINK_UP,
             awaited="PCIe link up (LTSSM byte)",
-            error=PcieRequestTimeout,
-            timeout=timeout,
+            within=bound,
             expected=LINK_UP,
         )
 
@@ -227,8 +233,16 @@ class BridgeClient:
             raise ValueError("a streaming write moves whole, aligned dwords")
         fmt = _MWR64 if address >> 32 else _MWR32
         tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, len(data) // 4)
-        await self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout)
-        await self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.control_timeout)
+        awaited = f"PCIe streaming write 0x{address:x} ({len(data)} bytes)"
+        bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
+        await bound.run(
+            self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout),
+            awaited=f"{awaited}: request",
+        )
+        await bound.run(
+            self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.bulk_timeout),
+            awaited=f"{awaited}: data",
+        )
 
     async def read_stream(self, address: int, length: int) -> bytes:
         """A streaming memory read: the data comes back on the bulk IN endpoint."""
@@ -236,8 +250,16 @@ class BridgeClient:
             raise ValueError("a streaming read moves whole, aligned dwords")
         fmt = _MRD64 if address >> 32 else _MRD32
         tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, length // 4)
-        await self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout)
-        return await self.usb.bulk_in(EP_BULK_IN, length, timeout=self.control_timeout)
+        awaited = f"PCIe streaming read 0x{address:x} ({length} bytes)"
+        bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
+        await bound.run(
+            self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout),
+            awaited=f"{awaited}: request",
+        )
+        return await bound.run(
+            self.usb.bulk_in(EP_BULK_IN, length, timeout=self.bulk_timeout),
+            awaited=f"{awaited}: data",
+        )
 
     # -- the SRAM DMA engine ---------------------------------------------------------------
 

@@ -143,9 +143,12 @@ class SimBridge:
     call here: :meth:`control_in`, :meth:`control_out`, :meth:`bulk_out`, :meth:`bulk_in`.
 
     The GPU side calls :meth:`dma_write` / :meth:`dma_read` for its accesses to bridge memory.
-    Faults from ``plan`` apply per transfer: ``DISCONNECT`` (every transfer fails with no device
-    while the rule is active), ``USB_TIMEOUT`` (the device never answers), ``SHORT_TRANSFER``,
-    ``TLP_RETRY_STORM`` (PCIe requests are answered "retry").
+    Faults from ``plan`` apply per transfer: ``DISCONNECT`` (the bridge leaves the bus — see
+    :meth:`unplug` — and every transfer fails with no device while the rule is active; when it
+    returns it has re-enumerated: powered off, nothing armed), ``USB_TIMEOUT`` (the device never
+    answers), ``SHORT_TRANSFER`` (a data stage cut short), ``TLP_RETRY_STORM`` (non-posted PCIe
+    requests are answered "retry"). A bulk transfer that does not complete (a fault, or the host
+    cancelling it) disarms the DMA engine, so the host can arm again.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class SimBridge:
         self._armed: _Armed | None = None
         self._stream: _Stream | None = None
         self._released = anyio.Event()
+        self._gone = False
         self.requests: list[tuple[str, int, int, int]] = []
         """Every transfer, as (kind, request or endpoint, value, index): for protocol tests."""
 
@@ -182,13 +186,20 @@ class SimBridge:
 
     # -- transfers -----------------------------------------------------------------------------
 
-    async def _transfer_faults(self) -> int | None:
-        """Apply the per-transfer faults; return a short length to use, if one fires."""
+    async def _transfer_faults(self, carries_data: bool) -> int | None:
+        """Apply the per-transfer faults; return a short length to use, if one fires.
+
+        ``SHORT_TRANSFER`` applies only to transfers that carry data (a request with no data
+        stage has nothing to cut short).
+        """
+        if self._gone:
+            self._reappear()
         if self.plan.check(Fault.DISCONNECT):
+            self.unplug()
             raise SimDeviceGone("the bridge is not on the bus")
         if self.plan.check(Fault.USB_TIMEOUT):
             await anyio.Event().wait()  # the device never answers; the host's timeout ends this
-        rule = self.plan.check(Fault.SHORT_TRANSFER)
+        rule = self.plan.check(Fault.SHORT_TRANSFER) if carries_data else None
         if rule is None:
             return None
         length = rule.params.get("length", -1)
@@ -196,7 +207,7 @@ class SimBridge:
 
     async def control_in(self, request: int, value: int, index: int, length: int) -> bytes:
         self.requests.append(("control_in", request, value, index))
-        short = await self._transfer_faults()
+        short = await self._transfer_faults(carries_data=True)
         if request == 0xE4:
             if not (0 < length <= 0xFF and value + length <= XDATA_SIZE):
                 raise SimTransferError(f"0xE4 read of {length} bytes at 0x{value:x}")
@@ -209,38 +220,50 @@ class SimBridge:
             raise SimTransferError(f"unknown vendor IN request 0x{request:x}")
         return data[: _short(short, len(data))]
 
-    async def control_out(self, request: int, value: int, index: int, data: bytes) -> None:
+    async def control_out(self, request: int, value: int, index: int, data: bytes) -> int:
+        """Returns how many bytes of the data stage the device took."""
         self.requests.append(("control_out", request, value, index))
-        await self._transfer_faults()
+        short = await self._transfer_faults(carries_data=bool(data))
+        if short is not None:
+            return _short(short, len(data))  # a cut data stage: the request is not carried out
         if request == 0xE5:
             if data or not (0 <= value < XDATA_SIZE and 0 <= index <= 0xFF):
                 raise SimTransferError(f"0xE5 write of 0x{index:x} at 0x{value:x}")
             if value != LTSSM_XDATA:
                 self.xdata[value] = index
         elif request == 0xF3:
-            self._link_up_at = now() + self.link_latency if value == 1 else None
+            if value != 1:
+                self._link_up_at = None
+            elif self._link_up_at is None:  # powering on again does not retrain a link
+                self._link_up_at = now() + self.link_latency
         elif request == 0xF0:
-            self._pcie_request(value, index, data)
+            await self._pcie_request(value, index, data)
         elif request == 0xF2:
             self._arm(value, index)
         else:
             raise SimTransferError(f"unknown vendor OUT request 0x{request:x}")
+        return len(data)
 
     async def bulk_out(self, endpoint: int, data: bytes) -> int:
         self.requests.append(("bulk_out", endpoint, len(data), 0))
-        short = await self._transfer_faults()
         if endpoint != EP_BULK_OUT:
             raise SimTransferError(f"bulk OUT on endpoint 0x{endpoint:x}")
+        armed, stream = self._armed, self._stream
+        try:
+            short = await self._transfer_faults(carries_data=True)
+        except BaseException:
+            self._abort(armed, stream)  # a transfer that did not complete disarms the engine
+            raise
         accepted = _short(short, len(data))
-        if self._armed is not None and not self._armed.read:
-            armed, self._armed = self._armed, None
+        if armed is not None and not armed.read:
+            self._armed = None
             if len(data) != armed.length:
                 raise SimTransferError(
                     f"bulk OUT of {len(data)} bytes for an SRAM write armed for {armed.length}"
                 )
             self.sram[armed.offset : armed.offset + accepted] = data[:accepted]
-        elif self._stream is not None and self._stream.write:
-            stream, self._stream = self._stream, None
+        elif stream is not None and stream.write:
+            self._stream = None
             if len(data) != stream.length:
                 raise SimTransferError(
                     f"bulk OUT of {len(data)} bytes for a stream write of {stream.length}"
@@ -252,33 +275,60 @@ class SimBridge:
 
     async def bulk_in(self, endpoint: int, length: int) -> bytes:
         self.requests.append(("bulk_in", endpoint, length, 0))
-        short = await self._transfer_faults()
         if endpoint != EP_BULK_IN:
             raise SimTransferError(f"bulk IN on endpoint 0x{endpoint:x}")
-        if self._armed is not None and self._armed.read:
-            armed = self._armed
-            if length != armed.length:
-                raise SimTransferError(
-                    f"bulk IN of {length} bytes for an SRAM read armed for {armed.length}"
-                )
-            await self._released.wait()  # the GPU's write to the cq page releases it
-            self._armed = None
-            data = bytes(self.sram[armed.offset : armed.offset + armed.length])
-        elif self._stream is not None and not self._stream.write:
-            stream, self._stream = self._stream, None
-            if length != stream.length:
-                raise SimTransferError(
-                    f"bulk IN of {length} bytes for a stream read of {stream.length}"
-                )
-            data = self._route_read(stream.address, stream.length)
-        else:
-            raise SimTransferError("bulk IN with no armed SRAM read or stream read")
+        armed, stream = self._armed, self._stream
+        try:
+            short = await self._transfer_faults(carries_data=True)
+            if armed is not None and armed.read:
+                if length != armed.length:
+                    raise SimTransferError(
+                        f"bulk IN of {length} bytes for an SRAM read armed for {armed.length}"
+                    )
+                await self._released.wait()  # the GPU's write to the cq page releases it
+                if self._gone:
+                    raise SimDeviceGone("the bridge went away during the transfer")
+                self._armed = None
+                data = bytes(self.sram[armed.offset : armed.offset + armed.length])
+            elif stream is not None and not stream.write:
+                self._stream = None
+                if length != stream.length:
+                    raise SimTransferError(
+                        f"bulk IN of {length} bytes for a stream read of {stream.length}"
+                    )
+                data = self._route_read(stream.address, stream.length)
+            else:
+                raise SimTransferError("bulk IN with no armed SRAM read or stream read")
+        except BaseException:
+            self._abort(armed, stream)
+            raise
         return data[: _short(short, len(data))]
+
+    def _abort(self, armed: _Armed | None, stream: _Stream | None) -> None:
+        """A bulk transfer ended without completing: the DMA engine drops what it was armed for."""
+        if armed is not None and self._armed is armed:
+            self._armed = None
+        if stream is not None and self._stream is stream:
+            self._stream = None
 
     def reset(self) -> None:
         """A USB reset: forget armed transfers and pending streams (memory is kept)."""
         self._armed = None
         self._stream = None
+        self._released.set()  # wake a transfer still waiting; it finds nothing armed
+        self._released = anyio.Event()
+
+    def unplug(self) -> None:
+        """The bridge leaves the bus: transfers in flight fail; on its return it is powered off
+        and has forgotten every armed transfer (it re-enumerates from scratch)."""
+        self._gone = True
+        self._link_up_at = None
+        self._armed = None
+        self._stream = None
+        self._released.set()
+
+    def _reappear(self) -> None:
+        self._gone = False
         self._released = anyio.Event()
 
     # -- the DMA engine ------------------------------------------------------------------------
@@ -298,34 +348,41 @@ class SimBridge:
 
     # -- PCIe ----------------------------------------------------------------------------------
 
-    def _pcie_request(self, value: int, mode: int, data: bytes) -> None:
+    async def _pcie_request(self, value: int, mode: int, data: bytes) -> None:
         if len(data) != 12:
             raise SimTransferError(f"0xF0 request carries {len(data)} bytes, expected 12")
         low, high, word = struct.unpack("<III", data)
         address, fmt_type, byte_enables = high << 32 | low, value & 0xFF, (value >> 8) & 0xFF
         if mode in (1, 2):
-            if fmt_type not in (_MWR32, _MWR64, _MRD32, _MRD64) or word == 0:
+            if fmt_type not in (_MWR32, _MWR64, _MRD32, _MRD64):
                 raise SimTransferError(f"0xF0 streaming mode {mode} with TLP 0x{fmt_type:x}")
+            if word == 0:
+                await anyio.Event().wait()  # a zero-length stream hangs the bridge (spec U15)
+            if self._ltssm() != LINK_UP:
+                raise SimTransferError("0xF0 stream with the PCIe link down")
             self._stream = _Stream(mode == 1, address, word * 4)
             return
         if mode != 0:
             raise SimTransferError(f"0xF0 mode {mode}")
-        if self.plan.check(Fault.TLP_RETRY_STORM):
+        posted = fmt_type in (_MWR32, _MWR64)
+        if not posted and self.plan.check(Fault.TLP_RETRY_STORM):
             self._complete(0, CompletionStatus.SUCCESS, bridge_status=1)
             return
-        if self._ltssm() != LINK_UP:
+        if self._ltssm() != LINK_UP:  # a posted write to a link that is down is simply lost
             self._complete(0, CompletionStatus.UNSUPPORTED_REQUEST)
             return
         lanes = byte_enables & 0xF or 0xF  # which bytes of the dword the TLP carries
         first, size = (lanes & -lanes).bit_length() - 1, bin(lanes).count("1")
         try:
-            if fmt_type in (_MWR32, _MWR64):  # posted: no completion
+            if posted:  # no completion; an unclaimed address drops it
                 self._route_write(address + first, word.to_bytes(4, "little")[first : first + size])
             elif fmt_type in (_MRD32, _MRD64):
-                read = self._route_read(address + first, size)
+                read = self.target.memory_read(address + first, size)
                 self._complete(int.from_bytes(read, "little") << (8 * first))
             elif fmt_type in _CFG_READ or fmt_type in _CFG_WRITE:
                 bus, device, function = low >> 24, (low >> 19) & 0x1F, (low >> 16) & 0x7
+                if (fmt_type & 1) != (bus > 0):  # type 0 reaches bus 0 only, type 1 the rest
+                    raise LookupError(f"config type {fmt_type & 1} for bus {bus}")
                 register = low & 0xFFC
                 if fmt_type in _CFG_READ:
                     self._complete(self.target.config_read(bus, device, function, register))
@@ -345,11 +402,18 @@ class SimBridge:
         )
 
     def _route_write(self, address: int, data: bytes) -> None:
-        """A host memory write goes to the GPU (the bridge's own memory is the GPU's to write)."""
-        self.target.memory_write(address, data)
+        """A host memory write goes to the GPU; one nobody claims is dropped (writes are posted)."""
+        try:
+            self.target.memory_write(address, data)
+        except LookupError:
+            pass
 
     def _route_read(self, address: int, size: int) -> bytes:
-        return self.target.memory_read(address, size)
+        """A host memory read; nobody claiming it reads all ones (a master abort)."""
+        try:
+            return self.target.memory_read(address, size)
+        except LookupError:
+            return b"\xff" * size
 
     # -- the GPU's side ------------------------------------------------------------------------
 

@@ -7,9 +7,13 @@ Each place in the simulator where something can go wrong is a *check point* for 
 
 A rule fires either on occurrences — the ``at``-th occurrence and the ``count - 1`` after it
 (``count=math.inf``: until cleared) — or in a time window — every occurrence between ``start`` and
-``end`` seconds after the plan started (loop clock, so exact under virtual time). Rules can be added
+``end`` seconds. Both count from when the rule was added to the plan (occurrences and loop-clock
+time, so exact under virtual time): ``at=1`` added mid-run means "the next one". Rules can be added
 and cleared while the simulation runs; a cleared fault stops firing at its next check point, which
 is how a test lets a device "recover". ``fired`` records every firing, for assertions.
+
+Checking a fault that has no rule costs a dictionary lookup and no clock read: check points sit on
+every simulated transfer.
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ class Fault(enum.Enum):
 @dataclass
 class FaultRule:
     """When ``fault`` fires: on occurrences ``at`` .. ``at + count - 1`` (1-based), or on every
-    occurrence inside ``window`` = (start, end) seconds after the plan started. ``params`` tune the
-    fault (an error code, a short length)."""
+    occurrence inside ``window`` = (start, end) seconds — both counted from when the rule was added
+    to a plan. ``params`` tune the fault (an error code, a short length)."""
 
     fault: Fault
     at: int | None = None
@@ -85,19 +89,27 @@ class FaultRule:
                     f"'window' must be (start, end) with 0 <= start < end, got {self.window}"
                 )
         self.params = MappingProxyType(dict(self.params))
+        self._base_occurrence = 0
+        self._base_time = 0.0
 
-    def matches(self, occurrence: int, elapsed: float) -> bool:
+    def _added(self, occurrences: int, time: float) -> None:
+        self._base_occurrence, self._base_time = occurrences, time
+
+    def matches(self, occurrence: int, time: float) -> bool:
         if self.at is not None:
-            return self.at <= occurrence < self.at + self.count
+            relative = occurrence - self._base_occurrence
+            return self.at <= relative < self.at + self.count
         assert self.window is not None
-        return self.window[0] <= elapsed < self.window[1]
+        return self.window[0] <= time - self._base_time < self.window[1]
 
 
 @dataclass(frozen=True)
 class Firing:
     fault: Fault
     occurrence: int
+    """The check point's occurrence count since the plan started."""
     elapsed: float
+    """Seconds since the plan started."""
     rule: FaultRule
 
 
@@ -106,17 +118,24 @@ class FaultPlan:
 
     def __init__(self, rules: Iterable[FaultRule] = ()) -> None:
         self.started = now()
-        self._rules: list[FaultRule] = list(rules)
+        self._rules: dict[Fault, list[FaultRule]] = {}
         self._occurrences: dict[Fault, int] = {}
         self.fired: list[Firing] = []
+        for rule in rules:
+            self.add(rule)
 
     def add(self, rule: FaultRule) -> FaultRule:
-        self._rules.append(rule)
+        """Add a rule; its occurrences and its window count from now."""
+        rule._added(self._occurrences.get(rule.fault, 0), now())
+        self._rules.setdefault(rule.fault, []).append(rule)
         return rule
 
     def clear(self, fault: Fault | None = None) -> None:
         """Remove every rule (of ``fault``, if given); the fault stops at its next check point."""
-        self._rules = [r for r in self._rules if fault is not None and r.fault is not fault]
+        if fault is None:
+            self._rules.clear()
+        else:
+            self._rules.pop(fault, None)
 
     def occurrences(self, fault: Fault) -> int:
         """How many times the simulator has reached ``fault``'s check point."""
@@ -126,12 +145,16 @@ class FaultPlan:
         """Count one occurrence of ``fault``'s check point; return the rule that fires, if any."""
         occurrence = self._occurrences.get(fault, 0) + 1
         self._occurrences[fault] = occurrence
-        elapsed = now() - self.started
-        for rule in self._rules:
-            if rule.fault is fault and rule.matches(occurrence, elapsed):
-                self.fired.append(Firing(fault, occurrence, elapsed, rule))
+        rules = self._rules.get(fault)
+        if not rules:
+            return None
+        t = now()
+        for rule in rules:
+            if rule.matches(occurrence, t):
+                self.fired.append(Firing(fault, occurrence, t - self.started, rule))
                 return rule
         return None
 
     def __repr__(self) -> str:
-        return f"FaultPlan({len(self._rules)} rules, {len(self.fired)} fired)"
+        count = sum(len(rules) for rules in self._rules.values())
+        return f"FaultPlan({count} rules, {len(self.fired)} fired)"

@@ -5,11 +5,11 @@ and ends in one of: success; :class:`aio_runtime.UsbTransferTimeout` (or
 :class:`aio_runtime.BudgetExhausted`); :class:`UsbStall` (the device refused the request);
 :class:`ShortTransfer` (fewer bytes than the protocol requires); :class:`aio_runtime.DeviceLost`
 with layer ``usb-transfer`` (no device). Backends translate their library's errors into these at
-the boundary.
+the boundary. After ``DeviceLost`` the transport is dead, as a libusb handle is after an unplug:
+every later call fails the same way until the device is opened again.
 
-Transfers may run concurrently (two bulk OUTs in flight are two tasks awaiting ``bulk_out``); each
-call owns its buffer until it returns, and returns only once the device (or the library) has let
-go of it.
+Each call owns its buffer until it returns, and returns only once the device (or the library) has
+let go of it.
 """
 
 from __future__ import annotations
@@ -76,6 +76,10 @@ class UsbTransport(Protocol):
 
     async def bulk_in(self, endpoint: int, length: int, *, timeout: float | None = None) -> bytes:
         """Exactly ``length`` bytes, or :class:`ShortTransfer`."""
+        ...
+
+    async def reset(self, *, timeout: float | None = None) -> None:
+        """Reset the device (a USB port reset): it forgets transfers in progress."""
         ...
 
     async def aclose(self) -> None: ...

@@ -26,16 +26,22 @@ class SimUsbTransport:
     def __init__(self, bridge: SimBridge) -> None:
         self.bridge = bridge
         self._closed = False
+        self._lost = False
 
     async def _transfer(
         self, step: Callable[[], Awaitable[T]], awaited: str, timeout: float | None
     ) -> T:
         if self._closed:
             raise DeviceLost(f"{awaited}: transport closed", layer=Layer.USB_TRANSFER)
+        if self._lost:
+            raise DeviceLost(
+                f"{awaited}: the device went away; open it again", layer=Layer.USB_TRANSFER
+            )
         bound = WaitBound(awaited=awaited, error=UsbTransferTimeout, timeout=timeout)
         try:
             return await bound.run(step(), awaited=awaited)
         except SimDeviceGone as exc:
+            self._lost = True  # like a libusb handle after an unplug: dead for good
             raise DeviceLost(
                 f"{awaited}: no device", layer=Layer.USB_TRANSFER, awaited=awaited
             ) from exc
@@ -66,9 +72,16 @@ class SimUsbTransport:
         awaited = f"control OUT 0x{request:02x} (value 0x{value:x}, index 0x{index:x})"
         if request_type != CONTROL_OUT:
             raise ValueError(f"{awaited}: the bridge takes vendor OUT requests (0x40)")
-        await self._transfer(
+        written = await self._transfer(
             lambda: self.bridge.control_out(request, value, index, bytes(data)), awaited, timeout
         )
+        if written != len(data):
+            raise ShortTransfer(
+                f"{awaited}: {written} of {len(data)} bytes",
+                expected=len(data),
+                actual=written,
+                awaited=awaited,
+            )
 
     async def control_in(
         self,
@@ -106,5 +119,16 @@ class SimUsbTransport:
         data = await self._transfer(lambda: self.bridge.bulk_in(endpoint, length), awaited, timeout)
         return self._exact(data, length, awaited)
 
+    async def reset(self, *, timeout: float | None = None) -> None:
+        """A USB port reset: the bridge drops armed transfers and pending streams."""
+        await self._transfer(_async(self.bridge.reset), "USB reset", timeout)
+
     async def aclose(self) -> None:
         self._closed = True
+
+
+def _async(fn: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def call() -> None:
+        fn()
+
+    return call
