@@ -64,9 +64,6 @@ class Deadline:
         """Seconds left (never negative)."""
         return max(0.0, self.at - now())
 
-    def expired(self) -> bool:
-        return now() >= self.at
-
 
 _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
     "aio_runtime_deadline", default=None

@@ -134,7 +134,7 @@ class BridgeClient:
     ) -> int:
         """One TLP with a completion: issue, read the completion, retry while the bridge is busy."""
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, word)
+        tlp = _tlp(address, word)
         attempts = 0
 
         async def attempt() -> tuple[int, int, int]:
@@ -177,10 +177,8 @@ class BridgeClient:
             )
         return int(data)
 
-    async def _posted(
-        self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
-    ) -> None:
-        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, word)
+    async def _posted(self, fmt_type: int, byte_enables: int, address: int, word: int) -> None:
+        tlp = _tlp(address, word)
         await self.usb.control_out(
             CONTROL_OUT, 0xF0, fmt_type | byte_enables << 8, 0, tlp, timeout=self.control_timeout
         )
@@ -224,7 +222,6 @@ class BridgeClient:
             enables,
             address & ~3,
             (value << (8 * (address & 3))) & 0xFFFFFFFF,
-            f"PCIe memory write 0x{address:x}",
         )
 
     async def write_stream(self, address: int, data: bytes) -> None:
@@ -232,7 +229,7 @@ class BridgeClient:
         if not data or len(data) % 4 or address & 3:
             raise ValueError("a streaming write moves whole, aligned dwords")
         fmt = _MWR64 if address >> 32 else _MWR32
-        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, len(data) // 4)
+        tlp = _tlp(address, len(data) // 4)
         awaited = f"PCIe streaming write 0x{address:x} ({len(data)} bytes)"
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
         await bound.run(
@@ -249,7 +246,7 @@ class BridgeClient:
         if not length or length % 4 or address & 3:
             raise ValueError("a streaming read moves whole, aligned dwords")
         fmt = _MRD64 if address >> 32 else _MRD32
-        tlp = struct.pack("<III", address & 0xFFFFFFFF, address >> 32, length // 4)
+        tlp = _tlp(address, length // 4)
         awaited = f"PCIe streaming read 0x{address:x} ({length} bytes)"
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
         await bound.run(
@@ -274,6 +271,11 @@ class BridgeClient:
         await self.usb.control_out(
             CONTROL_OUT, 0xF2, value, slot | count << 8, timeout=self.control_timeout
         )
+
+
+def _tlp(address: int, word: int) -> bytes:
+    """The 12-byte data stage of an 0xF0 request: address low, address high, value or count."""
+    return struct.pack("<III", address & 0xFFFFFFFF, address >> 32, word)
 
 
 def _config_address(bus: int, device: int, function: int, register: int) -> int:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,7 +56,6 @@ from aio_runtime import now
 from .faults import Fault, FaultPlan
 
 __all__ = [
-    "BRIDGE_IDS",
     "CQ_PCIE",
     "CQ_RELEASE_PCIE",
     "FENCE_XDATA",
@@ -72,9 +72,6 @@ __all__ = [
     "SimDeviceGone",
     "SimTransferError",
 ]
-
-BRIDGE_IDS = ((0xADD1, 0x0001), (0x3801, 0x0001))
-"""vendor:product pairs a host looks for."""
 
 XDATA_SIZE = 0x10000
 SYS_XDATA, SYS_PCIE, SYS_SIZE = 0xA000, 0x820000, 0x1000
@@ -170,8 +167,9 @@ class SimBridge:
         self._stream: _Stream | None = None
         self._released = anyio.Event()
         self._gone = False
-        self.requests: list[tuple[str, int, int, int]] = []
-        """Every transfer, as (kind, request or endpoint, value, index): for protocol tests."""
+        self.requests: deque[tuple[str, int, int, int]] = deque(maxlen=1024)
+        """The latest transfers, as (kind, request or endpoint, value, index): for protocol tests.
+        Bounded, so a long simulation does not grow without limit."""
 
     # -- link state ----------------------------------------------------------------------------
 
