@@ -6,8 +6,15 @@ and what was awaited. The core knows nothing about USB, GPUs or faces; ``transpo
 """
 
 from .allocator import AllocatorStatistics, Range, RangeAllocator
-from .clock import Deadline, current_deadline, deadline_scope, now, validate_timeout
-from .completion import Completion, ThreadsafeSetter, Waitable
+from .clock import (
+    Deadline,
+    current_deadline,
+    deadline_scope,
+    loop_clock,
+    now,
+    validate_timeout,
+)
+from .completion import Completion, ThreadsafeSetter, Waitable, loop_caller
 from .errors import (
     BudgetExhausted,
     CameraTimeout,
@@ -107,6 +114,8 @@ __all__ = [
     "current_deadline",
     "current_ledger",
     "deadline_scope",
+    "loop_caller",
+    "loop_clock",
     "get_logger",
     "log_context",
     "map_exceptions",

@@ -25,3 +25,16 @@ def loop_hooks() -> tuple[Wake, Callable[[], float]]:
     import trio
 
     return run_sync_soon, trio.current_time
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running loop's clock, readable anywhere on the loop's thread — in tasks and in plain
+    loop callbacks, where anyio's task-based lookup fails. Follows :func:`virtual_time` (the
+    loop's clock is looked up at every call). Call from a task."""
+    native = anyio.lowlevel.current_token().native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        loop = native
+        return lambda: loop.time()
+    import trio
+
+    return trio.current_time

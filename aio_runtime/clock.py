@@ -22,7 +22,16 @@ from dataclasses import dataclass
 
 import anyio
 
-__all__ = ["Deadline", "current_deadline", "deadline_scope", "now", "validate_timeout"]
+from ._loop import loop_clock
+
+__all__ = [
+    "Deadline",
+    "current_deadline",
+    "deadline_scope",
+    "loop_clock",
+    "now",
+    "validate_timeout",
+]
 
 
 def now() -> float:

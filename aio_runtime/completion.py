@@ -10,7 +10,7 @@ import anyio
 
 from ._loop import loop_hooks
 
-__all__ = ["Completion", "ThreadsafeSetter", "Waitable"]
+__all__ = ["Completion", "ThreadsafeSetter", "Waitable", "loop_caller"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -73,6 +73,20 @@ class Completion(Generic[T]):
         return ThreadsafeSetter(self)
 
 
+def loop_caller() -> Callable[[Callable[[], object]], None]:
+    """Call on the loop; returns ``call(fn)`` that runs ``fn()`` soon on this loop, from any
+    thread (dropped once the loop has closed: nobody is waiting any more)."""
+    wake, _ = loop_hooks()
+
+    def call(fn: Callable[[], object]) -> None:
+        try:
+            wake(fn)
+        except RuntimeError:
+            pass
+
+    return call
+
+
 class ThreadsafeSetter(Generic[T]):
     """Completes a :class:`Completion` from another thread by handing the call to the loop.
 
@@ -81,13 +95,7 @@ class ThreadsafeSetter(Generic[T]):
 
     def __init__(self, completion: Completion[T]) -> None:
         self._completion = completion
-        self._wake, _ = loop_hooks()
-
-    def _deliver(self, fn: Callable[[], object]) -> None:
-        try:
-            self._wake(fn)
-        except RuntimeError:
-            pass  # the loop has closed: nobody is waiting any more
+        self._deliver = loop_caller()
 
     def set_result(self, value: T) -> None:
         self._deliver(functools.partial(self._set_result, value))

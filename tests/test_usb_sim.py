@@ -81,8 +81,9 @@ async def test_no_device_is_device_lost_and_the_handle_stays_dead_until_reopened
 async def test_a_reset_lets_the_host_start_again_from_a_known_state():
     usb, _ = transport()
     await usb.control_out(CONTROL_OUT, 0xF2, 1 | 0x8000, 0 | 1 << 8, timeout=1)
-    with pytest.raises(UsbStall, match="already armed"):
-        await usb.control_out(CONTROL_OUT, 0xF2, 1, 0 | 1 << 8, timeout=1)
+    with pytest.raises(UsbStall, match="no armed SRAM write"):
+        await usb.bulk_out(0x02, b"x" * 512, timeout=1)  # a write where a read is armed
+    await usb.control_out(CONTROL_OUT, 0xF2, 1 | 0x8000, 0 | 1 << 8, timeout=1)
     await usb.reset(timeout=1)
     await usb.control_out(CONTROL_OUT, 0xF2, 1, 0 | 1 << 8, timeout=1)
 

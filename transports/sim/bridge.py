@@ -46,31 +46,31 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import anyio
-
-from aio_runtime import now
+from aio_runtime import loop_clock
 
 from .faults import Fault, FaultPlan
+from .urb import SimUrb, UrbStatus
 
 __all__ = [
     "CQ_PCIE",
     "CQ_RELEASE_PCIE",
+    "EP_BULK_IN",
+    "EP_BULK_OUT",
     "FENCE_XDATA",
     "LINK_UP",
     "LTSSM_XDATA",
+    "MAX_ARMS",
     "SLOT",
     "SRAM_PCIE",
     "SRAM_SIZE",
     "SYS_PCIE",
-    "SYS_XDATA",
     "CompletionStatus",
     "PcieTarget",
     "SimBridge",
-    "SimDeviceGone",
-    "SimTransferError",
 ]
 
 XDATA_SIZE = 0x10000
@@ -80,6 +80,8 @@ LTSSM_XDATA, LINK_UP = 0xB450, 0x78
 CQ_PCIE, CQ_SIZE = 0x822000, 0x200
 CQ_RELEASE_PCIE = CQ_PCIE + 12
 SRAM_PCIE, SRAM_SIZE, SLOT, SECTOR = 0x200000, 0x80000, 0x4000, 512
+MAX_ARMS = 4
+"""How many 0xF2 arms the DMA engine queues ahead of their bulk transfers."""
 
 VENDOR_OUT, VENDOR_IN = 0x40, 0xC0
 EP_BULK_OUT, EP_BULK_IN = 0x02, 0x81
@@ -107,19 +109,16 @@ class PcieTarget(Protocol):
     def memory_write(self, address: int, data: bytes) -> None: ...
 
 
-class SimTransferError(Exception):
-    """The simulated device rejected a transfer (a stall): malformed or unexpected request."""
+class _Refused(Exception):
+    """A request the bridge refuses: the URB ends with a stall."""
 
 
-class SimDeviceGone(Exception):
-    """The simulated device is not there (unplugged, powered off): no device."""
-
-
-@dataclass
-class _Armed:
+@dataclass(eq=False)
+class _Arm:
     read: bool
     offset: int
     length: int
+    released: bool = False
 
 
 @dataclass
@@ -136,16 +135,24 @@ _CFG_WRITE = {0x44, 0x45}
 
 
 class SimBridge:
-    """The bridge's USB face. A backend (in-process, or umockdev) turns each USB transfer into one
-    call here: :meth:`control_in`, :meth:`control_out`, :meth:`bulk_out`, :meth:`bulk_in`.
+    """The bridge's USB face: :meth:`submit` a :class:`SimUrb`, :meth:`discard` one in flight.
+
+    Control requests complete when submitted. Bulk transfers are served in order per endpoint (a
+    transfer that cannot finish holds back those behind it, as on a real endpoint). A bulk OUT takes
+    the pending streaming write, else the oldest 0xF2 arm (which must be a write); its data lands in
+    SRAM and the GPU is told (:attr:`on_sram_write`). A bulk IN takes the pending streaming read,
+    else the oldest arm (a read), and completes only once the GPU has released that arm by writing 0
+    to the cq page's dword +12 — a release may come before the bulk IN is submitted, and a release
+    with no read armed releases nothing. Up to :data:`MAX_ARMS` arms queue ahead of their transfers.
+    A discarded bulk transfer at the head of its endpoint drops the arm it would have used.
 
     The GPU side calls :meth:`dma_write` / :meth:`dma_read` for its accesses to bridge memory.
     Faults from ``plan`` apply per transfer: ``DISCONNECT`` (the bridge leaves the bus — see
     :meth:`unplug` — and every transfer fails with no device while the rule is active; when it
     returns it has re-enumerated: powered off, nothing armed), ``USB_TIMEOUT`` (the device never
-    answers), ``SHORT_TRANSFER`` (a data stage cut short), ``TLP_RETRY_STORM`` (non-posted PCIe
-    requests are answered "retry"). A bulk transfer that does not complete (a fault, or the host
-    cancelling it) disarms the DMA engine, so the host can arm again.
+    answers the transfer), ``SHORT_TRANSFER`` (a data stage cut short), ``TLP_RETRY_STORM``
+    (non-posted PCIe requests are answered "retry"), ``USB_COMPLETION_LOST`` (a bulk OUT's data
+    lands and the GPU sees it, but the transfer never completes).
     """
 
     def __init__(
@@ -158,176 +165,240 @@ class SimBridge:
         self.target = target
         self.plan = plan if plan is not None else FaultPlan()
         self.link_latency = link_latency
+        self._clock = loop_clock()
         self.xdata = bytearray(XDATA_SIZE)
         self.sram = bytearray(SRAM_SIZE)
         self.cq = bytearray(CQ_SIZE)
+        self.on_sram_write: Callable[[int, int], object] | None = None
+        """Called with (offset, length) after a bulk OUT lands in SRAM: the copy engine's cue."""
+        self.on_power: Callable[[bool], object] | None = None
+        """Called with the new state when the host switches PCIe power (0xF3)."""
         self._link_up_at: float | None = None
         self._completion = bytes(8)
-        self._armed: _Armed | None = None
+        self._arms: deque[_Arm] = deque()
         self._stream: _Stream | None = None
-        self._released = anyio.Event()
+        self._queues: dict[int, deque[SimUrb]] = {EP_BULK_OUT: deque(), EP_BULK_IN: deque()}
+        self._hung: set[SimUrb] = set()
+        self._cuts: dict[SimUrb, int] = {}
+        """Queued bulk transfers a SHORT_TRANSFER fault will cut, and to what length."""
+        """URBs the device will never complete; only a discard (or an unplug) ends them."""
         self._gone = False
         self.requests: deque[tuple[str, int, int, int]] = deque(maxlen=1024)
-        """The latest transfers, as (kind, request or endpoint, value, index): for protocol tests.
-        Bounded, so a long simulation does not grow without limit."""
+        """The latest transfers, as (kind, request or endpoint, value or length, index): for
+        protocol tests. Bounded, so a long simulation does not grow without limit."""
 
     # -- link state ----------------------------------------------------------------------------
 
+    @property
+    def powered(self) -> bool:
+        return self._link_up_at is not None
+
     def _ltssm(self) -> int:
-        if self._link_up_at is not None and now() >= self._link_up_at:
+        if self._link_up_at is not None and self._clock() >= self._link_up_at:
             return LINK_UP
         return 0
 
-    def _xdata_read(self, address: int, length: int) -> bytes:
-        self.xdata[LTSSM_XDATA] = self._ltssm()
-        return bytes(self.xdata[address : address + length])
-
     # -- transfers -----------------------------------------------------------------------------
 
-    async def _transfer_faults(self, carries_data: bool) -> int | None:
-        """Apply the per-transfer faults; return a short length to use, if one fires.
-
-        ``SHORT_TRANSFER`` applies only to transfers that carry data (a request with no data
-        stage has nothing to cut short).
-        """
+    def submit(self, urb: SimUrb) -> None:
+        """Take a transfer; it completes now, later, or (a fault) never."""
+        kind = f"{'control' if urb.endpoint == 0 else 'bulk'}_{'in' if urb.is_in else 'out'}"
+        size = urb.length if urb.is_in else len(urb.data)
+        self.requests.append((kind, urb.request or urb.endpoint, urb.value or size, urb.index))
         if self._gone:
             self._reappear()
         if self.plan.check(Fault.DISCONNECT):
             self.unplug()
-            raise SimDeviceGone("the bridge is not on the bus")
+            urb.complete(UrbStatus.NO_DEVICE, error="the bridge is not on the bus")
+            return
         if self.plan.check(Fault.USB_TIMEOUT):
-            await anyio.Event().wait()  # the device never answers; the host's timeout ends this
+            self._hang(urb)
+            return
+        carries_data = urb.is_in or len(urb.data) > 0
         rule = self.plan.check(Fault.SHORT_TRANSFER) if carries_data else None
-        if rule is None:
-            return None
-        length = rule.params.get("length", -1)
-        return int(length) if isinstance(length, int) else -1
+        short = None if rule is None else rule.params.get("length", -1)
+        cut = None if short is None else (int(short) if isinstance(short, int) else -1)
+        if urb.endpoint == 0:
+            try:
+                self._control(urb, cut)
+            except _Refused as exc:
+                urb.complete(UrbStatus.STALL, error=str(exc))
+            return
+        queue = self._queues.get(urb.endpoint)
+        if queue is None:
+            urb.complete(UrbStatus.STALL, error=f"no endpoint 0x{urb.endpoint:02x}")
+            return
+        if cut is not None:
+            self._cuts[urb] = cut
+        queue.append(urb)
+        self._serve(urb.endpoint)
 
-    async def control_in(self, request: int, value: int, index: int, length: int) -> bytes:
-        self.requests.append(("control_in", request, value, index))
-        short = await self._transfer_faults(carries_data=True)
+    def discard(self, urb: SimUrb) -> None:
+        """The host cancels a transfer in flight: it completes ``CANCELLED`` (a finished one is
+        left as it was)."""
+        if urb.done:
+            return
+        self._hung.discard(urb)
+        queue = self._queues.get(urb.endpoint)
+        if queue and urb in queue:
+            if queue[0] is urb and self._arms and self._arms[0].read == urb.is_in:
+                self._arms.popleft()  # the engine drops what it was armed for
+            queue.remove(urb)
+            self._cuts.pop(urb, None)
+        urb.complete(UrbStatus.CANCELLED)
+        if queue:
+            self._serve(urb.endpoint)
+
+    def _hang(self, urb: SimUrb) -> None:
+        self._hung.add(urb)
+
+    def _control(self, urb: SimUrb, cut: int | None) -> None:
+        if urb.request_type not in (VENDOR_OUT, VENDOR_IN):
+            raise _Refused(f"request type 0x{urb.request_type:02x}: only vendor requests")
+        if urb.is_in:
+            data = self._control_in(urb.request, urb.value, urb.length)
+            data = data[: _short(cut, len(data))]
+            urb.complete(UrbStatus.COMPLETED, actual=len(data), result=data)
+            return
+        if cut is not None:  # a cut data stage: the request is not carried out
+            urb.complete(UrbStatus.COMPLETED, actual=_short(cut, len(urb.data)))
+            return
+        if self._control_out(urb.request, urb.value, urb.index, bytes(urb.data)):
+            urb.complete(UrbStatus.COMPLETED, actual=len(urb.data))
+        else:
+            self._hang(urb)
+
+    def _control_in(self, request: int, value: int, length: int) -> bytes:
         if request == 0xE4:
             if not (0 < length <= 0xFF and value + length <= XDATA_SIZE):
-                raise SimTransferError(f"0xE4 read of {length} bytes at 0x{value:x}")
-            data = self._xdata_read(value, length)
-        elif request == 0xF0:
+                raise _Refused(f"0xE4 read of {length} bytes at 0x{value:x}")
+            self.xdata[LTSSM_XDATA] = self._ltssm()
+            return bytes(self.xdata[value : value + length])
+        if request == 0xF0:
             if length != 8:
-                raise SimTransferError(f"0xF0 completion read of {length} bytes, expected 8")
-            data = self._completion
-        else:
-            raise SimTransferError(f"unknown vendor IN request 0x{request:x}")
-        return data[: _short(short, len(data))]
+                raise _Refused(f"0xF0 completion read of {length} bytes, expected 8")
+            return self._completion
+        raise _Refused(f"unknown vendor IN request 0x{request:x}")
 
-    async def control_out(self, request: int, value: int, index: int, data: bytes) -> int:
-        """Returns how many bytes of the data stage the device took."""
-        self.requests.append(("control_out", request, value, index))
-        short = await self._transfer_faults(carries_data=bool(data))
-        if short is not None:
-            return _short(short, len(data))  # a cut data stage: the request is not carried out
+    def _control_out(self, request: int, value: int, index: int, data: bytes) -> bool:
+        """Carry out a vendor OUT request; False when the bridge hangs on it."""
         if request == 0xE5:
             if data or not (0 <= value < XDATA_SIZE and 0 <= index <= 0xFF):
-                raise SimTransferError(f"0xE5 write of 0x{index:x} at 0x{value:x}")
+                raise _Refused(f"0xE5 write of 0x{index:x} at 0x{value:x}")
             if value != LTSSM_XDATA:
                 self.xdata[value] = index
         elif request == 0xF3:
-            if value != 1:
-                self._link_up_at = None
-            elif self._link_up_at is None:  # powering on again does not retrain a link
-                self._link_up_at = now() + self.link_latency
+            self._power(value == 1)
         elif request == 0xF0:
-            await self._pcie_request(value, index, data)
+            return self._pcie_request(value, index, data)
         elif request == 0xF2:
             self._arm(value, index)
         else:
-            raise SimTransferError(f"unknown vendor OUT request 0x{request:x}")
-        return len(data)
+            raise _Refused(f"unknown vendor OUT request 0x{request:x}")
+        return True
 
-    async def bulk_out(self, endpoint: int, data: bytes) -> int:
-        self.requests.append(("bulk_out", endpoint, len(data), 0))
-        if endpoint != EP_BULK_OUT:
-            raise SimTransferError(f"bulk OUT on endpoint 0x{endpoint:x}")
-        armed, stream = self._armed, self._stream
-        try:
-            short = await self._transfer_faults(carries_data=True)
-        except BaseException:
-            self._abort(armed, stream)  # a transfer that did not complete disarms the engine
-            raise
-        accepted = _short(short, len(data))
-        if armed is not None and not armed.read:
-            self._armed = None
-            if len(data) != armed.length:
-                raise SimTransferError(
-                    f"bulk OUT of {len(data)} bytes for an SRAM write armed for {armed.length}"
-                )
-            self.sram[armed.offset : armed.offset + accepted] = data[:accepted]
-        elif stream is not None and stream.write:
-            self._stream = None
-            if len(data) != stream.length:
-                raise SimTransferError(
-                    f"bulk OUT of {len(data)} bytes for a stream write of {stream.length}"
-                )
-            self._route_write(stream.address, bytes(data[:accepted]))
+    def _power(self, on: bool) -> None:
+        if not on:
+            changed, self._link_up_at = self._link_up_at is not None, None
+        elif self._link_up_at is None:  # powering on again does not retrain a link
+            changed, self._link_up_at = True, self._clock() + self.link_latency
         else:
-            raise SimTransferError("bulk OUT with no armed SRAM write or stream write")
-        return accepted
+            changed = False
+        if changed and self.on_power is not None:
+            self.on_power(on)
 
-    async def bulk_in(self, endpoint: int, length: int) -> bytes:
-        self.requests.append(("bulk_in", endpoint, length, 0))
-        if endpoint != EP_BULK_IN:
-            raise SimTransferError(f"bulk IN on endpoint 0x{endpoint:x}")
-        armed, stream = self._armed, self._stream
-        try:
-            short = await self._transfer_faults(carries_data=True)
-            if armed is not None and armed.read:
-                if length != armed.length:
-                    raise SimTransferError(
-                        f"bulk IN of {length} bytes for an SRAM read armed for {armed.length}"
-                    )
-                await self._released.wait()  # the GPU's write to the cq page releases it
-                if self._gone:
-                    raise SimDeviceGone("the bridge went away during the transfer")
-                self._armed = None
-                data = bytes(self.sram[armed.offset : armed.offset + armed.length])
-            elif stream is not None and not stream.write:
-                self._stream = None
-                if length != stream.length:
-                    raise SimTransferError(
-                        f"bulk IN of {length} bytes for a stream read of {stream.length}"
-                    )
-                data = self._route_read(stream.address, stream.length)
-            else:
-                raise SimTransferError("bulk IN with no armed SRAM read or stream read")
-        except BaseException:
-            self._abort(armed, stream)
-            raise
-        return data[: _short(short, len(data))]
+    # -- the bulk endpoints --------------------------------------------------------------------
 
-    def _abort(self, armed: _Armed | None, stream: _Stream | None) -> None:
-        """A bulk transfer ended without completing: the DMA engine drops what it was armed for."""
-        if armed is not None and self._armed is armed:
-            self._armed = None
-        if stream is not None and self._stream is stream:
+    def _serve(self, endpoint: int) -> None:
+        """Finish the transfers at the head of ``endpoint`` that can finish now, in order."""
+        queue = self._queues[endpoint]
+        while queue:
+            urb = queue[0]
+            try:
+                finished = self._bulk_in(urb) if urb.is_in else self._bulk_out(urb)
+            except _Refused as exc:
+                queue.popleft()
+                urb.complete(UrbStatus.STALL, error=str(exc))
+                continue
+            if not finished:
+                return
+            queue.popleft()
+
+    def _bulk_out(self, urb: SimUrb) -> bool:
+        cut = self._cuts.pop(urb, None)
+        size = len(urb.data)
+        accepted = _short(cut, size)
+        stream = self._stream
+        if stream is not None and stream.write:
             self._stream = None
+            if size != stream.length:
+                raise _Refused(f"bulk OUT of {size} bytes for a stream write of {stream.length}")
+            self._route_write(stream.address, bytes(urb.data[:accepted]))
+        elif self._arms and not self._arms[0].read:
+            arm = self._arms.popleft()
+            if size != arm.length:
+                raise _Refused(f"bulk OUT of {size} bytes for an SRAM write armed for {arm.length}")
+            self.sram[arm.offset : arm.offset + accepted] = urb.data[:accepted]
+            if self.on_sram_write is not None:
+                self.on_sram_write(arm.offset, accepted)
+            if self.plan.check(Fault.USB_COMPLETION_LOST):
+                self._hang(urb)  # the data is there; the host never hears of it
+                return True
+        else:
+            raise _Refused("bulk OUT with no armed SRAM write or stream write")
+        urb.complete(UrbStatus.COMPLETED, actual=accepted)
+        return True
+
+    def _bulk_in(self, urb: SimUrb) -> bool:
+        length = urb.length
+        stream = self._stream
+        if stream is not None and not stream.write:
+            self._stream = None
+            if length != stream.length:
+                raise _Refused(f"bulk IN of {length} bytes for a stream read of {stream.length}")
+            data = self._route_read(stream.address, stream.length)
+        elif self._arms and self._arms[0].read:
+            arm = self._arms[0]
+            if length != arm.length:
+                self._arms.popleft()
+                raise _Refused(f"bulk IN of {length} bytes for an SRAM read armed for {arm.length}")
+            if not arm.released:
+                return False  # the GPU's write to the cq page releases it
+            self._arms.popleft()
+            data = bytes(self.sram[arm.offset : arm.offset + arm.length])
+        else:
+            raise _Refused("bulk IN with no armed SRAM read or stream read")
+        data = data[: _short(self._cuts.pop(urb, None), len(data))]
+        urb.complete(UrbStatus.COMPLETED, actual=len(data), result=data)
+        return True
+
+    # -- reset and unplug ----------------------------------------------------------------------
+
+    def _end_all(self, status: UrbStatus, error: str) -> None:
+        pending = [*self._hung, *self._queues[EP_BULK_OUT], *self._queues[EP_BULK_IN]]
+        self._hung.clear()
+        self._cuts.clear()
+        for queue in self._queues.values():
+            queue.clear()
+        self._arms.clear()
+        self._stream = None
+        for urb in pending:
+            urb.complete(status, error=error)
 
     def reset(self) -> None:
-        """A USB reset: forget armed transfers and pending streams (memory is kept)."""
-        self._armed = None
-        self._stream = None
-        self._released.set()  # wake a transfer still waiting; it finds nothing armed
-        self._released = anyio.Event()
+        """A USB reset: transfers in flight are cancelled, arms and streams forgotten (memory and
+        power are kept)."""
+        self._end_all(UrbStatus.CANCELLED, "USB reset")
 
     def unplug(self) -> None:
-        """The bridge leaves the bus: transfers in flight fail; on its return it is powered off
-        and has forgotten every armed transfer (it re-enumerates from scratch)."""
+        """The bridge leaves the bus: transfers in flight fail with no device; on its return it is
+        powered off and has forgotten every armed transfer (it re-enumerates from scratch)."""
         self._gone = True
-        self._link_up_at = None
-        self._armed = None
-        self._stream = None
-        self._released.set()
+        self._power(False)
+        self._end_all(UrbStatus.NO_DEVICE, "the bridge went away")
 
     def _reappear(self) -> None:
         self._gone = False
-        self._released = anyio.Event()
 
     # -- the DMA engine ------------------------------------------------------------------------
 
@@ -336,39 +407,40 @@ class SimBridge:
         start, count = index & 0xFF, index >> 8
         offset, length = start * SLOT, sectors * SECTOR
         if not sectors or offset + length > SRAM_SIZE or length > count * SLOT:
-            raise SimTransferError(
+            raise _Refused(
                 f"0xF2 arm of {sectors} sectors at slot {start} ({count} slots) does not fit"
             )
-        if self._armed is not None:
-            raise SimTransferError("0xF2 arm while a transfer is already armed")
-        self._armed = _Armed(read, offset, length)
-        self._released = anyio.Event()
+        if len(self._arms) >= MAX_ARMS:
+            raise _Refused(f"0xF2 arm with {MAX_ARMS} transfers already armed")
+        self._arms.append(_Arm(read, offset, length))
 
     # -- PCIe ----------------------------------------------------------------------------------
 
-    async def _pcie_request(self, value: int, mode: int, data: bytes) -> None:
+    def _pcie_request(self, value: int, mode: int, data: bytes) -> bool:
         if len(data) != 12:
-            raise SimTransferError(f"0xF0 request carries {len(data)} bytes, expected 12")
+            raise _Refused(f"0xF0 request carries {len(data)} bytes, expected 12")
         low, high, word = struct.unpack("<III", data)
         address, fmt_type, byte_enables = high << 32 | low, value & 0xFF, (value >> 8) & 0xFF
         if mode in (1, 2):
             if fmt_type not in (_MWR32, _MWR64, _MRD32, _MRD64):
-                raise SimTransferError(f"0xF0 streaming mode {mode} with TLP 0x{fmt_type:x}")
+                raise _Refused(f"0xF0 streaming mode {mode} with TLP 0x{fmt_type:x}")
             if word == 0:
-                await anyio.Event().wait()  # a zero-length stream hangs the bridge (spec U15)
+                return False  # a zero-length stream hangs the bridge (spec U15)
             if self._ltssm() != LINK_UP:
-                raise SimTransferError("0xF0 stream with the PCIe link down")
+                raise _Refused("0xF0 stream with the PCIe link down")
             self._stream = _Stream(mode == 1, address, word * 4)
-            return
+            if self._queues[EP_BULK_OUT if mode == 1 else EP_BULK_IN]:
+                self._serve(EP_BULK_OUT if mode == 1 else EP_BULK_IN)
+            return True
         if mode != 0:
-            raise SimTransferError(f"0xF0 mode {mode}")
+            raise _Refused(f"0xF0 mode {mode}")
         posted = fmt_type in (_MWR32, _MWR64)
         if not posted and self.plan.check(Fault.TLP_RETRY_STORM):
             self._complete(0, CompletionStatus.SUCCESS, bridge_status=1)
-            return
+            return True
         if self._ltssm() != LINK_UP:  # a posted write to a link that is down is simply lost
             self._complete(0, CompletionStatus.UNSUPPORTED_REQUEST)
-            return
+            return True
         lanes = byte_enables & 0xF or 0xF  # which bytes of the dword the TLP carries
         first, size = (lanes & -lanes).bit_length() - 1, bin(lanes).count("1")
         try:
@@ -388,9 +460,10 @@ class SimBridge:
                     self.target.config_write(bus, device, function, register, word, byte_enables)
                     self._complete(0)
             else:
-                raise SimTransferError(f"TLP fmt/type 0x{fmt_type:x} is not supported")
+                raise _Refused(f"TLP fmt/type 0x{fmt_type:x} is not supported")
         except LookupError:
             self._complete(0, CompletionStatus.UNSUPPORTED_REQUEST)
+        return True
 
     def _complete(
         self, data: int, status: CompletionStatus = CompletionStatus.SUCCESS, bridge_status: int = 0
@@ -415,33 +488,32 @@ class SimBridge:
 
     # -- the GPU's side ------------------------------------------------------------------------
 
-    def dma_write(self, address: int, data: bytes) -> None:
-        """A GPU write into bridge memory (sys page, cq page, SRAM)."""
-        for base, memory in ((SYS_PCIE, None), (CQ_PCIE, self.cq), (SRAM_PCIE, self.sram)):
-            size = SYS_SIZE if memory is None else len(memory)
-            if base <= address and address + len(data) <= base + size:
-                offset = address - base
-                if memory is None:
-                    self.xdata[SYS_XDATA + offset : SYS_XDATA + offset + len(data)] = data
-                else:
-                    memory[offset : offset + len(data)] = data
-                armed_read = self._armed is not None and self._armed.read
-                if base == CQ_PCIE and armed_read and offset <= 12 < offset + len(data):
-                    if self.cq[12:16] == bytes(4):
-                        self._released.set()  # only an armed read can be released
-                return
-        raise LookupError(f"no bridge memory at PCIe 0x{address:x}+{len(data)}")
-
-    def dma_read(self, address: int, size: int) -> bytes:
-        """A GPU read of bridge memory (a copy engine polling a sentinel in SRAM)."""
-        for base, memory in ((SYS_PCIE, None), (CQ_PCIE, self.cq), (SRAM_PCIE, self.sram)):
-            limit = SYS_SIZE if memory is None else len(memory)
+    def _window(self, address: int, size: int) -> tuple[bytearray, int]:
+        for base, memory, offset0 in (
+            (SYS_PCIE, self.xdata, SYS_XDATA),
+            (CQ_PCIE, self.cq, 0),
+            (SRAM_PCIE, self.sram, 0),
+        ):
+            limit = SYS_SIZE if memory is self.xdata else len(memory)
             if base <= address and address + size <= base + limit:
-                offset = address - base
-                if memory is None:
-                    return bytes(self.xdata[SYS_XDATA + offset : SYS_XDATA + offset + size])
-                return bytes(memory[offset : offset + size])
+                return memory, offset0 + address - base
         raise LookupError(f"no bridge memory at PCIe 0x{address:x}+{size}")
+
+    def dma_write(self, address: int, data: bytes | memoryview) -> None:
+        """A GPU write into bridge memory (sys page, cq page, SRAM)."""
+        memory, offset = self._window(address, len(data))
+        memory[offset : offset + len(data)] = data
+        if memory is self.cq and offset <= 12 < offset + len(data) and self.cq[12:16] == bytes(4):
+            for arm in self._arms:  # only an armed read can be released
+                if arm.read and not arm.released:
+                    arm.released = True
+                    self._serve(EP_BULK_IN)
+                    break
+
+    def dma_read(self, address: int, size: int) -> memoryview:
+        """A GPU read of bridge memory (a copy engine reading a sentinel or a chunk in SRAM)."""
+        memory, offset = self._window(address, size)
+        return memoryview(memory)[offset : offset + size]
 
 
 def _short(short: int | None, length: int) -> int:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from aio_runtime import now
+from aio_runtime import loop_clock
 
 __all__ = ["Fault", "FaultPlan", "FaultRule", "Firing"]
 
@@ -117,7 +117,8 @@ class FaultPlan:
     """The faults a simulation will suffer. Create it on the event loop (time counts from then)."""
 
     def __init__(self, rules: Iterable[FaultRule] = ()) -> None:
-        self.started = now()
+        self._clock = loop_clock()
+        self.started = self._clock()
         self._rules: dict[Fault, list[FaultRule]] = {}
         self._occurrences: dict[Fault, int] = {}
         self.fired: list[Firing] = []
@@ -126,7 +127,7 @@ class FaultPlan:
 
     def add(self, rule: FaultRule) -> FaultRule:
         """Add a rule; its occurrences and its window count from now."""
-        rule._added(self._occurrences.get(rule.fault, 0), now())
+        rule._added(self._occurrences.get(rule.fault, 0), self._clock())
         self._rules.setdefault(rule.fault, []).append(rule)
         return rule
 
@@ -148,7 +149,7 @@ class FaultPlan:
         rules = self._rules.get(fault)
         if not rules:
             return None
-        t = now()
+        t = self._clock()
         for rule in rules:
             if rule.matches(occurrence, t):
                 self.fired.append(Firing(fault, occurrence, t - self.started, rule))

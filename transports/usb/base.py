@@ -14,11 +14,23 @@ let go of it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
-from aio_runtime import Layer, TransferError
+import anyio
 
-__all__ = ["CONTROL_IN", "CONTROL_OUT", "ShortTransfer", "UsbStall", "UsbTransport"]
+from aio_runtime import Completion, Layer, TransferError, WaitBound, wait_complete
+
+__all__ = [
+    "CONTROL_IN",
+    "CONTROL_OUT",
+    "ShortTransfer",
+    "UsbStall",
+    "UsbTransfer",
+    "UsbTransport",
+]
+
+T = TypeVar("T")
 
 CONTROL_OUT = 0x40
 """bmRequestType of a vendor request to the device."""
@@ -41,6 +53,59 @@ class ShortTransfer(TransferError):
         super().__init__(message, awaited=awaited)
         self.expected = expected
         self.actual = actual
+
+
+class UsbTransfer(Generic[T]):
+    """A submitted transfer. :meth:`wait` returns its result or raises its typed error.
+
+    Its bound is taken when it is submitted (its own timeout, or the enclosing deadline then),
+    as libusb's per-transfer timeout is. When the wait ends without the completion (a timeout, a
+    cancelled task) the transfer is cancelled and its completion awaited — shielded, for at most
+    ``drain_timeout`` — before the error propagates, so the caller owns the buffer again.
+    :meth:`cancel` does the same for a transfer nobody is waiting on. Backends build these.
+    """
+
+    def __init__(
+        self,
+        *,
+        awaited: str,
+        bound: WaitBound,
+        completion: Completion[Any],
+        cancel: Callable[[], object],
+        finish: Callable[[Any], T],
+        drain_timeout: float = 1.0,
+    ) -> None:
+        self.awaited = awaited
+        self._bound = bound
+        self._completion = completion
+        self._cancel = cancel
+        self._finish = finish
+        self._drain_timeout = drain_timeout
+
+    def done(self) -> bool:
+        return self._completion.done()
+
+    async def wait(self) -> T:
+        raw = await wait_complete(
+            self._completion,
+            awaited=self.awaited,
+            within=self._bound,
+            cancel=self._cancel,
+            drain_timeout=self._drain_timeout,
+        )
+        return self._finish(raw)
+
+    async def cancel(self) -> None:
+        """Cancel the transfer (if still in flight) and await its completion, shielded and
+        bounded by ``drain_timeout``; its outcome is dropped."""
+        if self.done():
+            return
+        try:
+            self._cancel()
+        except Exception:  # it finished meanwhile, or the device is gone
+            pass
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._drain_timeout):
+            await self._completion.wait()
 
 
 class UsbTransport(Protocol):
@@ -70,12 +135,21 @@ class UsbTransport(Protocol):
         """Exactly ``length`` bytes, or :class:`ShortTransfer`."""
         ...
 
-    async def bulk_out(self, endpoint: int, data: bytes, *, timeout: float | None = None) -> None:
+    async def bulk_out(
+        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
+    ) -> None:
         """All of ``data``, or :class:`ShortTransfer`."""
         ...
 
     async def bulk_in(self, endpoint: int, length: int, *, timeout: float | None = None) -> bytes:
         """Exactly ``length`` bytes, or :class:`ShortTransfer`."""
+        ...
+
+    def submit_bulk_out(
+        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
+    ) -> UsbTransfer[None]:
+        """Start a bulk OUT and return at once; transfers on one endpoint complete in the order
+        they were submitted. ``data`` must not change until the transfer has completed."""
         ...
 
     async def reset(self, *, timeout: float | None = None) -> None:
