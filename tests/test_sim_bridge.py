@@ -57,7 +57,9 @@ def bulk_in(bridge: SimBridge, length: int) -> SimUrb:
 
 
 def completion(bridge: SimBridge) -> tuple[int, int, int]:
-    data, status_byte, _, _, bridge_status = struct.unpack("<IBBBB", read(bridge, 0xF0, 0, 8).result)
+    data, status_byte, _, _, bridge_status = struct.unpack(
+        "<IBBBB", read(bridge, 0xF0, 0, 8).result
+    )
     return data, status_byte >> 5, bridge_status
 
 
