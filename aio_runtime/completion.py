@@ -65,7 +65,8 @@ class Completion(Generic[T]):
         return self._result  # type: ignore[return-value]
 
     async def wait(self) -> T:
-        await self._event.wait()
+        if not self._set:  # a result that is already there is returned without a loop pass
+            await self._event.wait()
         return self.result()
 
     def threadsafe_setter(self) -> ThreadsafeSetter[T]:

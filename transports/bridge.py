@@ -9,11 +9,18 @@ bounded as a whole by ``request_timeout`` (its transfers and its retries):
 non-zero return status; the request is repeated ``retry_interval`` apart, at most ``retries`` times,
 then fails with :class:`PcieRetriesExhausted`. A completion status other than success fails at
 once with :class:`PcieCompletionError` (unsupported request, completer abort, configuration retry).
+
+Requests made of several transfers — a TLP and its completion, a stream request and its data, an
+SRAM arm and its bulk transfer — must not interleave with another task's: the bridge pairs them by
+order. They run holding :attr:`BridgeClient.lock` (a caller composing its own sequence, as the copy
+protocol does, takes it too). Every holder's transfers are bounded, so waiting for it is too.
 """
 
 from __future__ import annotations
 
 import struct
+
+import anyio
 
 from aio_runtime import (
     Layer,
@@ -79,6 +86,8 @@ class BridgeClient:
         self.power_timeout = power_timeout
         self.bulk_timeout = bulk_timeout
         self.retries = retries
+        self.lock = anyio.Lock()
+        """Held for every multi-transfer request (see the module docstring)."""
         self._retry_policy = PollPolicy(
             spin=0, first_interval=retry_interval, max_interval=retry_interval
         )
@@ -145,21 +154,25 @@ class BridgeClient:
                     f"{awaited}: the bridge answered 'retry' {self.retries + 1} times",
                     awaited=awaited,
                 )
-            await bound.run(
-                self.usb.control_out(
-                    CONTROL_OUT,
-                    0xF0,
-                    fmt_type | byte_enables << 8,
-                    0,
-                    tlp,
-                    timeout=self.control_timeout,
-                ),
-                awaited=f"{awaited}: request",
-            )
-            raw = await bound.run(
-                self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
-                awaited=f"{awaited}: completion",
-            )
+            await bound.run(self.lock.acquire(), awaited=f"{awaited}: the bridge is free")
+            try:
+                await bound.run(
+                    self.usb.control_out(
+                        CONTROL_OUT,
+                        0xF0,
+                        fmt_type | byte_enables << 8,
+                        0,
+                        tlp,
+                        timeout=self.control_timeout,
+                    ),
+                    awaited=f"{awaited}: request",
+                )
+                raw = await bound.run(
+                    self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
+                    awaited=f"{awaited}: completion",
+                )
+            finally:
+                self.lock.release()
             data, status_byte, _, _, bridge_status = struct.unpack("<IBBBB", raw)
             return data, status_byte >> 5, bridge_status
 
@@ -224,7 +237,7 @@ class BridgeClient:
             (value << (8 * (address & 3))) & 0xFFFFFFFF,
         )
 
-    async def write_stream(self, address: int, data: bytes) -> None:
+    async def write_stream(self, address: int, data: bytes | bytearray | memoryview) -> None:
         """A streaming memory write: the data rides the bulk OUT endpoint."""
         if not data or len(data) % 4 or address & 3:
             raise ValueError("a streaming write moves whole, aligned dwords")
@@ -232,14 +245,18 @@ class BridgeClient:
         tlp = _tlp(address, len(data) // 4)
         awaited = f"PCIe streaming write 0x{address:x} ({len(data)} bytes)"
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        await bound.run(
-            self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout),
-            awaited=f"{awaited}: request",
-        )
-        await bound.run(
-            self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.bulk_timeout),
-            awaited=f"{awaited}: data",
-        )
+        await bound.run(self.lock.acquire(), awaited=f"{awaited}: the bridge is free")
+        try:
+            await bound.run(
+                self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout),
+                awaited=f"{awaited}: request",
+            )
+            await bound.run(
+                self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.bulk_timeout),
+                awaited=f"{awaited}: data",
+            )
+        finally:
+            self.lock.release()
 
     async def read_stream(self, address: int, length: int) -> bytes:
         """A streaming memory read: the data comes back on the bulk IN endpoint."""
@@ -249,14 +266,18 @@ class BridgeClient:
         tlp = _tlp(address, length // 4)
         awaited = f"PCIe streaming read 0x{address:x} ({length} bytes)"
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        await bound.run(
-            self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout),
-            awaited=f"{awaited}: request",
-        )
-        return await bound.run(
-            self.usb.bulk_in(EP_BULK_IN, length, timeout=self.bulk_timeout),
-            awaited=f"{awaited}: data",
-        )
+        await bound.run(self.lock.acquire(), awaited=f"{awaited}: the bridge is free")
+        try:
+            await bound.run(
+                self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout),
+                awaited=f"{awaited}: request",
+            )
+            return await bound.run(
+                self.usb.bulk_in(EP_BULK_IN, length, timeout=self.bulk_timeout),
+                awaited=f"{awaited}: data",
+            )
+        finally:
+            self.lock.release()
 
     # -- the SRAM DMA engine ---------------------------------------------------------------
 

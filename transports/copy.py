@@ -1,0 +1,298 @@
+"""The double-buffered copy protocol between host memory and VRAM over the bridge (spec
+hardware-waits §4.6), with every wait bounded and every failure typed by layer.
+
+Copy-in: the payload travels in chunks of :data:`CHUNK` bytes through the two 256 KiB halves of
+bridge SRAM. Chunk ``n`` goes to half ``n & 1``: its wire image — payload, then a 512-byte block
+whose last dword (the half's last) holds ``sentinel(n)`` — sits at the end of the half. The host
+arms the DMA engine (0xF2) and sends the image as a bulk OUT; up to two are in flight, one per
+half. The copy engine, programmed for the whole batch before the first chunk is sent, waits for
+each sentinel, copies the payload to VRAM, clears the sentinel and writes ``n + 1`` to the chunk
+fence in the bridge's sys page, which the host reads (one byte, 0xE4) before it reuses a half.
+
+Copy-out: per chunk (up to 2 x CHUNK, the two halves) the host arms an SRAM read, pokes
+``usb_go = n + 1`` into VRAM and receives the data with a bulk IN, which the bridge completes only
+once the copy engine has filled SRAM and written 0 to the cq page (the release).
+
+Two failures that look alike are told apart by layer:
+
+- a copy-in chunk whose bulk OUT never completes although the GPU advanced the fence past it →
+  :class:`aio_runtime.UsbTransferTimeout` (USB transfer: the completion was lost), while a
+  transfer that completed with the fence stuck → :class:`aio_runtime.SignalTimeout` (GPU queue);
+- a copy-out bulk IN that times out after the GPU finished the chunk → ``UsbTransferTimeout``
+  (the release never came), before it → ``SignalTimeout`` (the copy engine never did the chunk).
+
+A halted copy engine (its watchdog) or a device in its error state is reported as
+:class:`GpuFault`. After any failure the next copy first restores a known state: transfers
+cancelled and awaited, the USB endpoints reset (arms dropped), the copy engine reset, both
+sentinel slots zeroed and the fence reset — a stale sentinel cannot match a new chunk.
+
+Batches hold at most :data:`MAX_BATCH` chunks, so the one-byte fence compares unambiguously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from aio_runtime import (
+    Layer,
+    RuntimeFault,
+    SignalTimeout,
+    UsbTransferTimeout,
+    get_logger,
+    wait_until,
+)
+
+from . import hwdefs as hw
+from .bridge import EP_BULK_IN, EP_BULK_OUT, BridgeClient
+from .gpu.queues import Packets, Ring
+from .usb import UsbTransfer
+
+__all__ = ["CHUNK", "HALF", "MAX_BATCH", "SLOT", "CopyProtocol", "GpuFault", "sentinel"]
+
+HALF, CHUNK, SLOT, SECTOR = 0x40000, 0x40000 - 512, 0x4000, 512
+MAX_BATCH = 128
+SRAM_PCIE, FENCE_PCIE, FENCE_XDATA, CQ_RELEASE_PCIE = 0x200000, 0x820800, 0xA800, 0x82200C
+_log = get_logger("transports.copy")
+
+
+def sentinel(n: int) -> int:
+    return 0x5100_0000 | (n & 0xFF_FFFF)
+
+
+def _wire_in(size: int) -> int:
+    return -(-(size + SECTOR) // SLOT) * SLOT
+
+
+class GpuFault(RuntimeFault):
+    """The GPU stopped: a queue halted (the copy engine's watchdog) or the device entered its
+    error state (an interrupt: page fault, shader error). ``source`` names the interrupt."""
+
+    default_layer = Layer.GPU_QUEUE
+
+    def __init__(self, message: str, *, source: int = 0, awaited: str = "") -> None:
+        super().__init__(message, awaited=awaited)
+        self.source = source
+
+
+class CopyProtocol:
+    """Copies between host memory and VRAM through one bridge and the GPU's copy queue.
+
+    ``bulk_timeout`` bounds each bulk transfer, ``fence_timeout`` each wait on the chunk fence;
+    an enclosing :func:`aio_runtime.deadline_scope` bounds a whole copy. One copy runs at a time
+    (the caller serialises them: the device session does).
+    """
+
+    def __init__(
+        self,
+        bridge: BridgeClient,
+        ring: Ring,
+        *,
+        usb_go: int,
+        status: int,
+        bulk_timeout: float = 10.0,
+        fence_timeout: float = 10.0,
+    ) -> None:
+        self.bridge = bridge
+        self.usb = bridge.usb
+        self.ring = ring
+        self.usb_go = usb_go
+        self.status = status
+        self.bulk_timeout = bulk_timeout
+        self.fence_timeout = fence_timeout
+        self._staging = bytearray(2 * HALF)
+        self._dirty = True
+
+    # -- known state ---------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Start from a known state: USB endpoints reset, the copy engine reset, both sentinel
+        slots zeroed, the fence at 0."""
+        await self.usb.reset(timeout=self.bridge.control_timeout)
+        await self.ring.reset()
+        zeros = bytes(SLOT)
+        for slot in (HALF // SLOT - 1, 2 * HALF // SLOT - 1):
+            async with self.bridge.lock:
+                await self.bridge.arm_sram(read=False, slot=slot, length=SLOT)
+                await self.usb.bulk_out(EP_BULK_OUT, zeros, timeout=self.bulk_timeout)
+        await self.bridge.write_xdata(FENCE_XDATA, b"\0")
+        self._dirty = False
+
+    @contextlib.asynccontextmanager
+    async def _batch(self) -> Any:
+        if self._dirty:
+            await self.restore()
+        else:  # the previous batch drained: its fence count goes back to 0 (spec §4.6 step 1)
+            await self.bridge.write_xdata(FENCE_XDATA, b"\0")
+        self._dirty = True
+        yield
+        self._dirty = False
+
+    # -- the fence -----------------------------------------------------------------------------
+
+    async def _fence(self) -> int:
+        return (await self.bridge.read_xdata(FENCE_XDATA, 1))[0]
+
+    async def _drained(self, count: int, what: str) -> None:
+        """Wait until the fence shows ``count`` chunks done (one byte, compared modulo 256)."""
+        if (await self._fence() - count) & 0xFF < 0x80:
+            return
+        try:
+            await wait_until(
+                self._fence,
+                lambda fence: (fence - count) & 0xFF < 0x80,
+                awaited=f"chunk fence >= {count} ({what})",
+                error=SignalTimeout,
+                layer=Layer.GPU_QUEUE,
+                timeout=self.fence_timeout,
+                expected=count & 0xFF,
+            )
+        except SignalTimeout as exc:
+            await self._diagnose(exc)
+            raise
+
+    async def _diagnose(self, exc: BaseException) -> None:
+        """A copy-engine wait failed: if the engine halted or the device is in its error state,
+        say so with a :class:`GpuFault` (chained to the timeout)."""
+        with contextlib.suppress(Exception):
+            halted = await self.ring.read(hw.RB_STATUS) & hw.STATUS_HALTED
+            error = await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
+            if halted or error:
+                reason = "halted by its watchdog" if halted else f"device error state 0x{error:x}"
+                raise GpuFault(f"copy engine {reason}", source=error) from exc
+
+    # -- copy-in -------------------------------------------------------------------------------
+
+    async def copy_in(self, target: int, data: bytes | bytearray | memoryview) -> None:
+        """Copy ``data`` to VRAM at bus address ``target``; returns once the GPU has it."""
+        view = memoryview(data).cast("B")
+        step = CHUNK * MAX_BATCH
+        for offset in range(0, len(view), step):
+            await self._copy_in_batch(target + offset, view[offset : offset + step])
+
+    async def _copy_in_batch(self, target: int, view: memoryview) -> None:
+        sizes = [min(CHUNK, len(view) - o) for o in range(0, len(view), CHUNK)]
+        program = Packets()
+        for n, size in enumerate(sizes):
+            end = (n & 1) * HALF + HALF
+            wire = _wire_in(size)
+            program.poll(SRAM_PCIE + end - 4, sentinel(n), equal=True)
+            program.copy(SRAM_PCIE + end - wire, target + n * CHUNK, size)
+            program.write(SRAM_PCIE + end - 4, 0)
+            program.fence(FENCE_PCIE, n + 1)
+        in_flight: list[UsbTransfer[None] | None] = [None, None]
+        async with self._batch():
+            try:
+                await self.ring.submit(program)
+                for n, size in enumerate(sizes):
+                    half = n & 1
+                    previous = in_flight[half]
+                    if previous is not None:
+                        await self._reap(previous, n - 2)
+                        in_flight[half] = None
+                    end = half * HALF + HALF
+                    wire = _wire_in(size)
+                    start = end - wire
+                    self._staging[start : start + size] = view[n * CHUNK : n * CHUNK + size]
+                    self._staging[end - 4 : end] = sentinel(n).to_bytes(4, "little")
+                    if n >= 2:
+                        await self._drained(n - 1, f"copy-in chunk {n - 2} before reusing its half")
+                    async with self.bridge.lock:
+                        await self.bridge.arm_sram(read=False, slot=start // SLOT, length=wire)
+                        in_flight[half] = self.usb.submit_bulk_out(
+                            EP_BULK_OUT,
+                            memoryview(self._staging)[start:end],
+                            timeout=self.bulk_timeout,
+                        )
+                for n in range(max(0, len(sizes) - 2), len(sizes)):
+                    transfer = in_flight[n & 1]
+                    if transfer is not None:
+                        await self._reap(transfer, n)
+                        in_flight[n & 1] = None
+                await self._drained(len(sizes), f"copy-in of {len(view)} bytes")
+            finally:
+                for transfer in in_flight:
+                    if transfer is not None:
+                        await transfer.cancel()
+
+    async def _reap(self, transfer: UsbTransfer[None], n: int) -> None:
+        try:
+            await transfer.wait()
+        except UsbTransferTimeout as exc:
+            with contextlib.suppress(Exception):
+                fence = await self._fence()
+                if (fence - (n + 1)) & 0xFF < 0x80:
+                    exc.add_note(
+                        f"the GPU consumed copy-in chunk {n} (fence {fence}): "
+                        "the USB completion was lost"
+                    )
+            raise
+
+    # -- copy-out ------------------------------------------------------------------------------
+
+    async def copy_out(
+        self, source: int, size: int, out: bytearray | memoryview | None = None
+    ) -> bytearray | memoryview:
+        """Copy ``size`` bytes of VRAM at bus address ``source`` into ``out`` (or a new
+        bytearray, returned)."""
+        result = bytearray(size) if out is None else out
+        target = memoryview(result).cast("B")
+        if len(target) < size:
+            raise ValueError(f"the destination holds {len(target)} bytes, {size} needed")
+        step = 2 * CHUNK * MAX_BATCH
+        for offset in range(0, size, step):
+            part = min(step, size - offset)
+            await self._copy_out_batch(source + offset, target[offset : offset + part])
+        return result
+
+    async def _copy_out_batch(self, source: int, target: memoryview) -> None:
+        sizes = [min(2 * CHUNK, len(target) - o) for o in range(0, len(target), 2 * CHUNK)]
+        program = Packets()
+        for n, size in enumerate(sizes):
+            first = min(size, CHUNK)
+            program.poll(self.usb_go, n + 1, equal=False)
+            program.write(self.usb_go, 0)
+            program.copy(source + n * 2 * CHUNK, SRAM_PCIE, first)
+            if size > CHUNK:
+                program.copy(source + n * 2 * CHUNK + CHUNK, SRAM_PCIE + HALF, size - CHUNK)
+            program.write(CQ_RELEASE_PCIE, 0)
+            program.fence(FENCE_PCIE, n + 1)
+        async with self._batch():
+            await self.ring.submit(program)
+            for n, size in enumerate(sizes):
+                first = min(size, CHUNK)
+                wire = -(-size // SECTOR) * SECTOR + (SECTOR if size > CHUNK else 0)
+                data = await self._receive(wire, n)
+                base = n * 2 * CHUNK
+                target[base : base + first] = data[:first]
+                if size > CHUNK:
+                    target[base + first : base + size] = data[HALF : HALF + size - CHUNK]
+            await self._drained(len(sizes), f"copy-out of {len(target)} bytes")
+
+    async def _receive(self, wire: int, n: int) -> bytes:
+        """Arm the SRAM read, let the GPU go, receive the chunk."""
+        try:
+            async with self.bridge.lock:
+                await self.bridge.arm_sram(read=True, slot=0, length=wire)
+                await self.bridge.mem_write(self.usb_go, n + 1)
+                return await self.usb.bulk_in(EP_BULK_IN, wire, timeout=self.bulk_timeout)
+        except UsbTransferTimeout as exc:
+            fence = None
+            with contextlib.suppress(Exception):
+                fence = await self._fence()
+            if fence is not None and (fence - (n + 1)) & 0xFF < 0x80:
+                exc.add_note(
+                    f"the GPU finished copy-out chunk {n} (fence {fence}) "
+                    "but never released the armed read"
+                )
+                raise
+            timeout = SignalTimeout(
+                awaited=f"copy engine: copy-out chunk {n} (usb_go {n + 1})",
+                timeout=exc.timeout,
+                elapsed=exc.elapsed,
+                layer=Layer.GPU_QUEUE,
+                expected=(n + 1) & 0xFF,
+                observed=fence,
+            )
+            await self._diagnose(timeout)
+            raise timeout from exc

@@ -1,0 +1,16 @@
+"""The GPU device session over a USB-PCIe bridge: boot, memory, queues, copies, kernels, recovery."""
+
+from ..copy import GpuFault
+from .boot import BLOCKS
+from .deps import DependencyTracker
+from .session import Buffer, GpuSession, HostMapping, SessionConfig
+
+__all__ = [
+    "BLOCKS",
+    "Buffer",
+    "DependencyTracker",
+    "GpuFault",
+    "GpuSession",
+    "HostMapping",
+    "SessionConfig",
+]

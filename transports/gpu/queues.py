@@ -1,0 +1,108 @@
+"""Host side of the GPU's queues: packet builders and the rings they are written into.
+
+A :class:`Ring` lives in VRAM; :meth:`Ring.submit` writes packets at the write pointer with one
+streaming write (two where they wrap) and rings the doorbell — the write-pointer register — with a
+posted write. Packet formats: :mod:`transports.hwdefs`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .. import hwdefs as hw
+from ..bridge import BridgeClient
+
+__all__ = ["Packets", "Ring"]
+
+
+class Packets:
+    """A packet stream under construction."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def _put(self, *words: int) -> Packets:
+        self.data += struct.pack(f"<{len(words)}I", *words)
+        return self
+
+    def poll(self, address: int, value: int, *, equal: bool, mask: int = 0xFFFF_FFFF) -> Packets:
+        function = hw.POLL_EQUAL if equal else hw.POLL_GREATER_EQUAL
+        return self._put(hw.Sdma.POLL | function << 8, *hw.pack_u64(address), value, mask)
+
+    def copy(self, source: int, target: int, size: int) -> Packets:
+        return self._put(hw.Sdma.COPY, *hw.pack_u64(source), *hw.pack_u64(target), size)
+
+    def write(self, address: int, value: int) -> Packets:
+        return self._put(hw.Sdma.WRITE, *hw.pack_u64(address), value & 0xFFFF_FFFF)
+
+    def fence(self, address: int, value: int) -> Packets:
+        return self._put(hw.Sdma.FENCE, *hw.pack_u64(address), value & 0xFFFF_FFFF)
+
+    def wait(self, address: int, value: int) -> Packets:
+        """Compute queue: wait until the dword at ``address`` is >= ``value`` (32-bit compare)."""
+        return self._put(
+            hw.Pm4.WAIT | hw.POLL_GREATER_EQUAL << 8,
+            *hw.pack_u64(address),
+            value & 0xFFFF_FFFF,
+            0xFFFF_FFFF,
+        )
+
+    def dispatch(self, kernel: int, args: list[int]) -> Packets:
+        if len(args) > 0xFF:
+            raise ValueError(f"a dispatch takes at most 255 arguments, got {len(args)}")
+        words = [w for arg in args for w in hw.pack_u64(arg)]
+        return self._put(hw.Pm4.DISPATCH | len(args) << 8, kernel, *words)
+
+    def release(self, address: int, value: int) -> Packets:
+        return self._put(hw.Pm4.RELEASE, *hw.pack_u64(address), value & 0xFFFF_FFFF)
+
+
+class Ring:
+    """One queue's ring buffer in VRAM and its register block."""
+
+    def __init__(self, bridge: BridgeClient, block: int, base: int, size: int, name: str) -> None:
+        if size <= 0 or size % 4:
+            raise ValueError(f"a ring is a whole number of dwords, got {size} bytes")
+        self.bridge = bridge
+        self.block = block
+        self.base = base
+        self.size = size
+        self.name = name
+        self.wptr = 0
+
+    def _register(self, offset: int) -> int:
+        return hw.MMIO_BASE + self.block + offset
+
+    async def setup(self) -> None:
+        """Program the ring and enable the queue from an empty state."""
+        for offset, value in (
+            (hw.RB_CNTL, hw.CNTL_RESET),
+            (hw.RB_LO, self.base & 0xFFFF_FFFF),
+            (hw.RB_HI, self.base >> 32),
+            (hw.RB_SIZE, self.size),
+            (hw.RB_CNTL, hw.CNTL_ENABLE),
+        ):
+            await self.bridge.mem_write(self._register(offset), value)
+        self.wptr = 0
+
+    async def reset(self) -> None:
+        """Stop the queue wherever it is, empty its ring and start it again."""
+        await self.bridge.mem_write(self._register(hw.RB_CNTL), hw.CNTL_RESET | hw.CNTL_ENABLE)
+        self.wptr = 0
+
+    async def read(self, offset: int) -> int:
+        return await self.bridge.mem_read(self._register(offset))
+
+    async def submit(self, packets: Packets) -> None:
+        data = memoryview(packets.data)
+        if len(data) > self.size:
+            raise ValueError(f"{len(data)} bytes of packets do not fit the {self.size}-byte ring")
+        start = self.wptr % self.size
+        first = min(len(data), self.size - start)
+        await self.bridge.write_stream(self.base + start, data[:first])
+        if first < len(data):
+            await self.bridge.write_stream(self.base, data[first:])
+        self.wptr += len(data)
+        await self.bridge.mem_write(self._register(hw.RB_WPTR), self.wptr & 0xFFFF_FFFF)

@@ -1,0 +1,422 @@
+"""The device session: one GPU behind one bridge, from open to close.
+
+``await GpuSession.open(usb)`` brings the PCIe link up (bounded), checks the GPU answers, and
+boots it (:mod:`transports.gpu.boot`), marking readiness layers as stages complete. Then:
+memory (:meth:`alloc` / :meth:`free`, staged with rollback: every path frees what it took), host
+mappings (:meth:`map_host` / :meth:`unmap`, symmetric), copies (:meth:`copy_in` / :meth:`copy_out`
+through :class:`~transports.copy.CopyProtocol`), kernels (:meth:`run_kernel`, awaiting the compute
+timeline with a deadline), :meth:`recover` (never a sticky error) and :meth:`aclose`.
+
+Work on the copy and compute queues is ordered by a :class:`~transports.gpu.deps.DependencyTracker`
+over the byte ranges it touches.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from aio_runtime import (
+    DeviceLost,
+    FirmwareTimeout,
+    Layer,
+    Owned,
+    RangeAllocator,
+    Readiness,
+    ReadinessLayer,
+    SignalTimeout,
+    Stages,
+    current_ledger,
+    get_logger,
+    pause,
+    wait_until,
+)
+
+from .. import hwdefs as hw
+from ..bridge import EP_BULK_OUT, BridgeClient
+from ..copy import CopyProtocol, GpuFault
+from ..usb import UsbTransport
+from .boot import BootLog, BridgeRegisters, Psp, boot_mode, smu_mailbox
+from .deps import DependencyTracker, Span
+from .queues import Packets, Ring
+
+__all__ = ["Buffer", "GpuSession", "HostMapping", "SessionConfig"]
+
+_log = get_logger("transports.gpu")
+RING_SIZE = 0x10000
+SDMA_RING, COMPUTE_RING, PSP_RING, PSP_COMMANDS, PSP_FENCE = 0, 0x10000, 0x20000, 0x21000, 0x22000
+HEAP_OFFSET = 0x10_0000
+SRAM_PCIE = 0x200000
+
+
+@dataclass
+class SessionConfig:
+    """Bounds of every wait (seconds) and the pauses the hardware needs."""
+
+    control_timeout: float = 1.0
+    request_timeout: float = 5.0
+    link_timeout: float = 2.0
+    firmware_timeout: float = 10.0
+    smu_probe_timeout: float = 0.1
+    bulk_timeout: float = 10.0
+    fence_timeout: float = 10.0
+    kernel_timeout: float = 10.0
+    copy_watchdog_ms: int = 10_000
+    mode1_reset_pause: float = 0.5
+
+
+@dataclass(eq=False)
+class Buffer:
+    """VRAM: ``size`` bytes at bus (and GPU) address ``address``."""
+
+    address: int
+    size: int
+    owner: Owned = field(repr=False)
+
+    @property
+    def span(self) -> Span:
+        return (self.address, self.address + self.size)
+
+
+@dataclass(eq=False)
+class HostMapping:
+    """A host buffer registered with the session (its bytes stay put until :meth:`unmap`)."""
+
+    memory: memoryview
+    entry: Any = field(repr=False)
+
+
+class GpuSession:
+    def __init__(self, usb: UsbTransport, config: SessionConfig, readiness: Readiness) -> None:
+        self.config = config
+        self.usb = usb
+        self.bridge = BridgeClient(
+            usb,
+            control_timeout=config.control_timeout,
+            request_timeout=config.request_timeout,
+            bulk_timeout=config.bulk_timeout,
+        )
+        self.regs = BridgeRegisters(self.bridge)
+        self.readiness = readiness
+        self.tracker = DependencyTracker()
+        self.boot_log = BootLog()
+        self.interrupts: list[int] = []
+        """Interrupt sources seen by the last IH scan (in :meth:`recover`)."""
+        self._copy_lock = anyio.Lock()
+        self._compute_lock = anyio.Lock()
+        self._buffers: set[Buffer] = set()
+        self._mappings: set[HostMapping] = set()
+        self._next_value = 1
+        self._closed = False
+
+    # -- open and boot -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        usb: UsbTransport,
+        *,
+        config: SessionConfig | None = None,
+        readiness: Readiness | None = None,
+    ) -> GpuSession:
+        session = cls(usb, config or SessionConfig(), readiness or Readiness())
+        await session._boot()
+        return session
+
+    async def _boot(self) -> None:
+        cfg, regs, log = self.config, self.regs, self.boot_log
+        await self.bridge.bring_up_link(timeout=cfg.link_timeout)
+        ident = await self.bridge.config_read(hw.GPU_BUS, hw.GPU_DEVICE, hw.GPU_FUNCTION, 0)
+        if ident != hw.GPU_ID:
+            raise DeviceLost(
+                f"no GPU behind the bridge (config id 0x{ident:08x}, expected 0x{hw.GPU_ID:08x})",
+                layer=Layer.PCIE_REQUEST,
+            )
+        log.mode = await boot_mode(regs)
+        self._step("SOC", f"GPU 0x{ident:08x}, {log.mode} boot")
+        self.readiness.mark_up(ReadinessLayer.DEVICE_ONLINE)
+        self._step("readiness", "device_online")
+
+        vram = (await regs.read(hw.VRAM_SIZE_MB // 4)) << 20
+        self.status = hw.VRAM_BASE + vram - hw.STATUS_PAGE_SIZE
+        self.heap = RangeAllocator(
+            vram - HEAP_OFFSET - hw.STATUS_PAGE_SIZE,
+            base=hw.VRAM_BASE + HEAP_OFFSET,
+            name="VRAM heap",
+        )
+        await self.bridge.write_stream(self.status, bytes(16))
+        self._step("GMC", f"{vram >> 20} MiB VRAM, heap {self.heap.capacity >> 20} MiB")
+
+        await regs.write(hw.IH_RPTR // 4, await regs.read(hw.IH_WPTR // 4))
+        self._step("IH", "ring acknowledged")
+
+        smu = smu_mailbox(regs, cfg.firmware_timeout)
+        psp = Psp(
+            self.bridge,
+            regs,
+            ring=hw.VRAM_BASE + PSP_RING,
+            commands=hw.VRAM_BASE + PSP_COMMANDS,
+            fence=hw.VRAM_BASE + PSP_FENCE,
+            timeout=cfg.firmware_timeout,
+            stage_image=self._stage_image,
+        )
+        if log.mode == "full":
+            if await psp.sos_alive() and await self._smu_answers(smu):
+                await regs.write(hw.SMU_MSG // 4, hw.SmuMessage.MODE1_RESET)
+                await pause(cfg.mode1_reset_pause)
+                self._step("SOC", "mode-1 reset (firmware was running)")
+            await psp.load_sos(log)
+            await psp.create_ring(log)
+            await psp.submit(hw.PspCommand.LOAD_TOC, 0, log)
+            await psp.submit(hw.PspCommand.SETUP_TMR, 0, log)
+            for firmware in hw.Firmware:
+                await psp.submit(hw.PspCommand.LOAD_IP_FW, firmware, log)
+            self._step("PSP", "firmware loaded")
+            table = hw.VRAM_BASE + PSP_FENCE + 0x1000
+            await smu.send(hw.SmuMessage.DRIVER_TABLE_HIGH, table >> 32)
+            await smu.send(hw.SmuMessage.DRIVER_TABLE_LOW, table & 0xFFFF_FFFF)
+            await smu.send(hw.SmuMessage.ENABLE_ALL_FEATURES)
+            self._step("SMU", "features enabled")
+        else:
+            self._step("PSP", "sOS running (partial boot)")
+            await smu.send(hw.SmuMessage.TEST)
+            self._step("SMU", "answering (partial boot)")
+        self.readiness.mark_up(ReadinessLayer.FIRMWARE_READY)
+        self._step("readiness", "firmware_ready")
+
+        self.compute = Ring(
+            self.bridge, hw.COMPUTE, hw.VRAM_BASE + COMPUTE_RING, RING_SIZE, "compute"
+        )
+        await self.compute.setup()
+        self._step("GFX", "compute queue " + ("programmed" if log.mode == "full" else "reset"))
+
+        copy_ring = Ring(self.bridge, hw.SDMA, hw.VRAM_BASE + SDMA_RING, RING_SIZE, "copy")
+        await copy_ring.setup()
+        await regs.write(hw.SDMA_WATCHDOG // 4, cfg.copy_watchdog_ms)
+        self.copy = CopyProtocol(
+            self.bridge,
+            copy_ring,
+            usb_go=self.status + hw.STATUS_USB_GO,
+            status=self.status,
+            bulk_timeout=cfg.bulk_timeout,
+            fence_timeout=cfg.fence_timeout,
+        )
+        await self.copy.restore()
+        self._step("SDMA", "copy queue programmed")
+
+        await regs.write(hw.SCRATCH_REG7 // 4, hw.AM_VERSION)
+        await regs.write(hw.SCRATCH_REG6 // 4, 1)
+        self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
+        self._step("readiness", "queue_submittable")
+        _log.info("gpu booted", mode=log.mode, steps=len(log.steps))
+
+    def _step(self, block: str, what: str) -> None:
+        self.boot_log.steps.append(f"{block}: {what}")
+
+    async def _smu_answers(self, smu: Any) -> bool:
+        try:
+            await smu.send(hw.SmuMessage.TEST, timeout=self.config.smu_probe_timeout)
+        except FirmwareTimeout:
+            return False
+        return True
+
+    async def _stage_image(self, component: int) -> int:
+        """A firmware component's image, staged in bridge SRAM for the PSP bootloader."""
+        image = bytearray(0x4000)
+        image[:4] = component.to_bytes(4, "little")
+        async with self.bridge.lock:
+            await self.bridge.arm_sram(read=False, slot=0, length=len(image))
+            await self.usb.bulk_out(EP_BULK_OUT, image, timeout=self.config.bulk_timeout)
+        return SRAM_PCIE
+
+    # -- memory --------------------------------------------------------------------------------
+
+    async def alloc(self, size: int, *, zero: bool = False, align: int = 0x1000) -> Buffer:
+        """VRAM for ``size`` bytes (optionally zeroed). If any stage fails, what earlier stages
+        took is given back before the error propagates."""
+        self._check_open()
+        async with Stages(f"VRAM buffer of {size} bytes") as stages:
+            block = await stages.acquire(
+                lambda: self.heap.alloc(size, align=align), self.heap.free, label="vram"
+            )
+            if zero:
+                await self.copy_in_raw(block.offset, bytes(size))
+            buffer = Buffer(block.offset, size, stages.commit())
+        self._buffers.add(buffer)
+        return buffer
+
+    async def free(self, buffer: Buffer) -> None:
+        if buffer not in self._buffers:
+            raise ValueError(f"{buffer} is not a live buffer of this session (freed twice?)")
+        self._buffers.discard(buffer)
+        await buffer.owner.release()
+
+    def map_host(self, memory: Any) -> HostMapping:
+        """Register a host buffer for copies; :meth:`unmap` undoes exactly this."""
+        view = memoryview(memory).cast("B")
+        mapping = HostMapping(view, current_ledger().open("host mapping", f"{len(view)} bytes"))
+        self._mappings.add(mapping)
+        return mapping
+
+    def unmap(self, mapping: HostMapping) -> None:
+        if mapping not in self._mappings:
+            raise ValueError("not a live mapping of this session (unmapped twice?)")
+        self._mappings.discard(mapping)
+        current_ledger().close(mapping.entry)
+        mapping.memory.release()
+
+    # -- copies --------------------------------------------------------------------------------
+
+    async def copy_in_raw(self, address: int, data: Any) -> None:
+        async with self._copy_lock:
+            await self.copy.copy_in(address, data)
+
+    async def copy_in(self, buffer: Buffer, data: Any, *, offset: int = 0) -> None:
+        """Copy host bytes into ``buffer`` (after conflicting work on the compute queue)."""
+        size = memoryview(data).nbytes
+        self._check_range(buffer, offset, size)
+        start = buffer.address + offset
+        async with self.tracker.ordered(
+            "copy",
+            f"copy-in {size} bytes",
+            writes=[(start, start + size)],
+            timeout=self.config.kernel_timeout,
+        ):
+            await self.copy_in_raw(start, data)
+
+    async def copy_out(
+        self, buffer: Buffer, size: int | None = None, *, offset: int = 0, out: Any = None
+    ) -> Any:
+        """Copy ``size`` bytes of ``buffer`` to the host (into ``out``, or a new bytearray)."""
+        size = buffer.size - offset if size is None else size
+        self._check_range(buffer, offset, size)
+        start = buffer.address + offset
+        async with self.tracker.ordered(
+            "copy",
+            f"copy-out {size} bytes",
+            reads=[(start, start + size)],
+            timeout=self.config.kernel_timeout,
+        ):
+            async with self._copy_lock:
+                return await self.copy.copy_out(start, size, out)
+
+    @staticmethod
+    def _check_range(buffer: Buffer, offset: int, size: int) -> None:
+        if offset < 0 or size < 0 or offset + size > buffer.size:
+            raise ValueError(
+                f"{size} bytes at offset {offset} do not fit a buffer of {buffer.size} bytes"
+            )
+
+    # -- compute -------------------------------------------------------------------------------
+
+    async def run_kernel(
+        self,
+        kernel: int,
+        args: Sequence[Buffer | int],
+        *,
+        reads: Sequence[Buffer] = (),
+        writes: Sequence[Buffer] = (),
+        timeout: float | None = None,
+    ) -> int:
+        """Dispatch ``kernel`` and await its timeline value (returned)."""
+        self._check_open()
+        words = [a.address if isinstance(a, Buffer) else a for a in args]
+        async with self.tracker.ordered(
+            "compute",
+            f"kernel {kernel}",
+            reads=[b.span for b in reads],
+            writes=[b.span for b in writes],
+            timeout=self.config.kernel_timeout,
+        ):
+            async with self._compute_lock:
+                value = self._next_value
+                self._next_value += 1
+                packets = Packets().dispatch(kernel, words)
+                packets.release(self.status + hw.STATUS_TIMELINE, value)
+                await self.compute.submit(packets)
+            await self.wait_timeline(value, timeout=timeout)
+        return value
+
+    async def wait_timeline(self, value: int, *, timeout: float | None = None) -> None:
+        """Await the compute timeline reaching ``value`` (32-bit compare, as the GPU writes it);
+        :class:`GpuFault` as soon as the device reports its error state."""
+
+        async def probe() -> tuple[int, int]:
+            timeline, error = struct.unpack("<II", await self.bridge.read_stream(self.status, 8))
+            return timeline, error
+
+        _, error = await wait_until(
+            probe,
+            lambda s: s[1] != 0 or (s[0] - value) & 0xFFFF_FFFF < 0x8000_0000,
+            awaited=f"compute timeline >= {value}",
+            error=SignalTimeout,
+            layer=Layer.GPU_QUEUE,
+            timeout=self.config.kernel_timeout if timeout is None else timeout,
+            expected=value,
+        )
+        if error:
+            self.readiness.mark_down(
+                ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{error:x}"
+            )
+            raise GpuFault(
+                f"the GPU entered its error state (interrupt 0x{error:x}) before timeline {value}",
+                source=error,
+                awaited=f"compute timeline >= {value}",
+            )
+
+    # -- recovery and close --------------------------------------------------------------------
+
+    async def recover(self) -> list[int]:
+        """Reset every queue (copy engine included), rewind the timeline, clear the error state.
+        Returns the interrupt sources found in the IH ring. Work that was in flight is lost."""
+        regs = self.regs
+        wptr = await regs.read(hw.IH_WPTR // 4)
+        rptr = await regs.read(hw.IH_RPTR // 4)
+        self.interrupts = [
+            await regs.read((hw.IH_ENTRY + 4 * (i % hw.IH_ENTRIES)) // 4)
+            for i in range(max(rptr, wptr - hw.IH_ENTRIES), wptr)
+        ]
+        await regs.write(hw.IH_RPTR // 4, wptr)
+        await self.compute.reset()
+        await self.copy.restore()
+        await self.bridge.write_stream(
+            self.status + hw.STATUS_TIMELINE,
+            struct.pack("<I", (self._next_value - 1) & 0xFFFF_FFFF),
+        )
+        await regs.write(hw.IH_CNTL // 4, 2)
+        await regs.write(hw.VM_FAULT_STATUS // 4, 0)
+        self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
+        _log.info("gpu recovered", interrupts=[hex(i) for i in self.interrupts])
+        return self.interrupts
+
+    async def aclose(self) -> None:
+        """Free what is still allocated, unmap what is mapped, and record in SCRATCH_REG6 whether
+        the next open may partial-boot (only after a clean session)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for buffer in list(self._buffers):
+                await self.free(buffer)
+            for mapping in list(self._mappings):
+                self.unmap(mapping)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.request_timeout):
+                error = await self.bridge.read_stream(self.status + hw.STATUS_ERROR, 4)
+                await self.regs.write(hw.SCRATCH_REG6 // 4, int.from_bytes(error, "little"))
+        finally:
+            self.readiness.mark_down(ReadinessLayer.DEVICE_ONLINE, "session closed")
+            await self.usb.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DeviceLost("the GPU session is closed", layer=Layer.GPU_QUEUE)
+
+    async def __aenter__(self) -> GpuSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
