@@ -5,6 +5,7 @@ from .base import (
     CONTROL_OUT,
     ShortTransfer,
     UsbStall,
+    UsbTransfer,
     UsbTransport,
 )
 from .sim import SimUsbTransport
@@ -15,5 +16,6 @@ __all__ = [
     "ShortTransfer",
     "SimUsbTransport",
     "UsbStall",
+    "UsbTransfer",
     "UsbTransport",
 ]
