@@ -154,12 +154,13 @@ class CopyProtocol:
     async def _diagnose(self, exc: BaseException) -> None:
         """A copy-engine wait failed: if the engine halted or the device is in its error state,
         say so with a :class:`GpuFault` (chained to the timeout)."""
-        with contextlib.suppress(Exception):
+        halted = error = 0
+        with contextlib.suppress(Exception):  # a diagnosis that fails leaves the timeout as is
             halted = await self.ring.read(hw.RB_STATUS) & hw.STATUS_HALTED
             error = await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
-            if halted or error:
-                reason = "halted by its watchdog" if halted else f"device error state 0x{error:x}"
-                raise GpuFault(f"copy engine {reason}", source=error) from exc
+        if halted or error:
+            reason = "halted by its watchdog" if halted else f"device error state 0x{error:x}"
+            raise GpuFault(f"copy engine {reason}", source=error) from exc
 
     # -- copy-in -------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from aio_runtime import (
     RangeAllocator,
     Readiness,
     ReadinessLayer,
+    RuntimeFault,
     SignalTimeout,
     Stages,
     current_ledger,
@@ -169,7 +170,10 @@ class GpuSession:
                 await regs.write(hw.SMU_MSG // 4, hw.SmuMessage.MODE1_RESET)
                 await pause(cfg.mode1_reset_pause)
                 self._step("SOC", "mode-1 reset (firmware was running)")
-            await psp.load_sos(log)
+            if await psp.sos_alive():
+                self._step("PSP", "sOS already running")
+            else:
+                await psp.load_sos(log)
             await psp.create_ring(log)
             await psp.submit(hw.PspCommand.LOAD_TOC, 0, log)
             await psp.submit(hw.PspCommand.SETUP_TMR, 0, log)
@@ -221,6 +225,7 @@ class GpuSession:
         try:
             await smu.send(hw.SmuMessage.TEST, timeout=self.config.smu_probe_timeout)
         except FirmwareTimeout:
+            smu.reset()  # no SMU firmware runs: nothing will answer the probe later either
             return False
         return True
 
@@ -405,8 +410,11 @@ class GpuSession:
             for mapping in list(self._mappings):
                 self.unmap(mapping)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.request_timeout):
-                error = await self.bridge.read_stream(self.status + hw.STATUS_ERROR, 4)
-                await self.regs.write(hw.SCRATCH_REG6 // 4, int.from_bytes(error, "little"))
+                try:
+                    error = await self.bridge.read_stream(self.status + hw.STATUS_ERROR, 4)
+                    await self.regs.write(hw.SCRATCH_REG6 // 4, int.from_bytes(error, "little"))
+                except RuntimeFault as exc:  # SCRATCH_REG6 keeps saying "in use": a full boot next
+                    _log.warning("gpu close could not record a clean end", error=str(exc))
         finally:
             self.readiness.mark_down(ReadinessLayer.DEVICE_ONLINE, "session closed")
             await self.usb.aclose()

@@ -118,6 +118,8 @@ class SimPsp:
             self.registers[hw.PSP_BL] = hw.PSP_READY
 
     def _create_ring(self) -> None:
+        """A new ring (replacing any earlier one): its frames count from 0."""
+        self._served = 0
         self.registers[hw.PSP_RING_CTL] = hw.PSP_RING_CREATED
 
     def _serve(self) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from .. import hwdefs as hw
 from .bridge import SimBridge
 from .engines import ComputeQueue, CopyEngine, Kernel, QueueEngine
-from .faults import FaultPlan
+from .faults import Fault, FaultPlan
 from .firmware import SimPsp, SimSmu
 
 __all__ = ["SimDevice", "SimGpu"]
@@ -61,8 +61,17 @@ class SimGpu:
 
     def attach(self, bridge: SimBridge) -> None:
         self.bridge = bridge
-        bridge.on_sram_write = lambda offset, length: self.notify()
+        bridge.on_sram_write = self._sram_written
         bridge.on_power = self.power
+
+    def _sram_written(self, offset: int, length: int) -> None:
+        """A bulk OUT landed in bridge SRAM. ``CORRUPT_SENTINEL``: its last dword (where a copy-in
+        chunk carries its sentinel) arrives damaged."""
+        if length >= 4 and self.plan.check(Fault.CORRUPT_SENTINEL) and self.bridge is not None:
+            end = offset + length
+            word = int.from_bytes(self.bridge.sram[end - 4 : end], "little") ^ 0x00FF_0000
+            self.bridge.sram[end - 4 : end] = word.to_bytes(4, "little")
+        self.notify()
 
     def register_kernel(
         self, kernel_id: int, fn: Callable[..., object], duration: float = 0.0
