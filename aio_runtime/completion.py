@@ -33,7 +33,7 @@ class Completion(Generic[T]):
     __slots__ = ("_event", "_exception", "_result", "_set")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event: anyio.Event | None = None  # made when a task first waits: most never do
         self._set = False
         self._result: T | None = None
         self._exception: BaseException | None = None
@@ -44,12 +44,14 @@ class Completion(Generic[T]):
     def set_result(self, value: T) -> None:
         self._finish()
         self._result = value
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
 
     def set_exception(self, exc: BaseException) -> None:
         self._finish()
         self._exception = exc
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
 
     def _finish(self) -> None:
         if self._set:
@@ -66,6 +68,8 @@ class Completion(Generic[T]):
 
     async def wait(self) -> T:
         if not self._set:  # a result that is already there is returned without a loop pass
+            if self._event is None:
+                self._event = anyio.Event()
             await self._event.wait()
         return self.result()
 

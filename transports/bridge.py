@@ -86,7 +86,7 @@ class BridgeClient:
         self.power_timeout = power_timeout
         self.bulk_timeout = bulk_timeout
         self.retries = retries
-        self.lock = anyio.Lock()
+        self.lock = anyio.Lock(fast_acquire=True)
         """Held for every multi-transfer request (see the module docstring)."""
         self._retry_policy = PollPolicy(
             spin=0, first_interval=retry_interval, max_interval=retry_interval

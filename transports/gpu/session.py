@@ -107,8 +107,8 @@ class GpuSession:
         self.boot_log = BootLog()
         self.interrupts: list[int] = []
         """Interrupt sources seen by the last IH scan (in :meth:`recover`)."""
-        self._copy_lock = anyio.Lock()
-        self._compute_lock = anyio.Lock()
+        self._copy_lock = anyio.Lock(fast_acquire=True)
+        self._compute_lock = anyio.Lock(fast_acquire=True)
         self._buffers: set[Buffer] = set()
         self._mappings: set[HostMapping] = set()
         self._next_value = 1

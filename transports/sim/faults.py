@@ -31,6 +31,9 @@ __all__ = ["Fault", "FaultPlan", "FaultRule", "Firing"]
 class Fault(enum.Enum):
     """Everything the simulator can be scripted to get wrong."""
 
+    # Members are singletons: hash by identity (C-level), not by name (check points are hot).
+    __hash__ = object.__hash__
+
     USB_TIMEOUT = "usb-timeout"
     """A transfer is never completed by the device; only the host's timeout ends it."""
     SHORT_TRANSFER = "short-transfer"

@@ -4,21 +4,24 @@ In-process, the simulated bridge and GPU run on the caller's loop (deterministic
 time). :class:`SimServer` runs them instead on a thread of their own — engines writing memory that
 the host polls from another thread, as real hardware does — which is what latency benchmarks and
 the umockdev device need. Everything that touches the simulation goes through :meth:`SimServer.call`
-(fire and forget) or :meth:`SimServer.run` (wait for the result), so the simulation itself stays
-single-threaded and needs no locks.
+(fire and forget) or :meth:`SimServer.run` (wait for the result): the calls run in order, in a task
+on the simulation's loop, so the simulation itself stays single-threaded and needs no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import threading
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Generic, TypeVar
 
+from aio_runtime import get_logger
+
 __all__ = ["SimServer"]
+
+_log = get_logger("transports.sim")
 
 D = TypeVar("D")
 T = TypeVar("T")
@@ -41,7 +44,7 @@ class SimServer(Generic[D]):
         self._factory = factory
         self._start_timeout = start_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._context = contextvars.Context()
+        self._calls: asyncio.Queue[tuple[Callable[..., object], tuple[Any, ...]]] = asyncio.Queue()
         self._stopping: asyncio.Event | None = None
         self._ready = threading.Event()
         self._device: D | None = None
@@ -72,18 +75,32 @@ class SimServer(Generic[D]):
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._context = contextvars.copy_context()  # calls run here, not in the caller's context
+        self._calls = asyncio.Queue()  # bound to this loop
         self._stopping = asyncio.Event()
         async with self._factory() as device:
             self._device = device
+            dispatcher = asyncio.create_task(self._dispatch())
             self._ready.set()
-            await self._stopping.wait()
+            try:
+                await self._stopping.wait()
+            finally:
+                dispatcher.cancel()
+
+    async def _dispatch(self) -> None:
+        """Run handed-over calls in order, in a task of the simulation (so they may use anything
+        a task can: start tasks, create events)."""
+        while True:
+            fn, args = await self._calls.get()
+            try:
+                fn(*args)
+            except Exception:
+                _log.exception("a call into the simulation failed", call=repr(fn))
 
     def call(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on the simulation's thread, soon; do not wait for it."""
         if self._loop is None or self._loop.is_closed():
             raise RuntimeError("the simulation is not running")
-        self._loop.call_soon_threadsafe(fn, *args, context=self._context)
+        self._loop.call_soon_threadsafe(self._calls.put_nowait, (fn, args))
 
     def run(self, fn: Callable[..., T], *args: Any, timeout: float = 10.0) -> T:
         """Run ``fn(*args)`` on the simulation's thread and return its result (from another
