@@ -123,6 +123,7 @@ class Psp:
 
     async def create_ring(self, log: BootLog) -> None:
         self._frames = 0
+        await self.bridge.mem_write(self.fence, 0)  # a new ring's frames count from 1 again
         await self.regs.write(hw.PSP_RING_LO // 4, self.ring & 0xFFFF_FFFF)
         await self.regs.write(hw.PSP_RING_HI // 4, self.ring >> 32)
         await self.regs.write(hw.PSP_RING_SIZE // 4, 0x1000)
