@@ -35,12 +35,12 @@ def test_cli_without_a_command_is_a_usage_error():
     assert "usage: aio-dms" in result.stderr
 
 
-def readme_example() -> str:
+def readme_example(index: int = 0) -> str:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    if not blocks:
-        pytest.fail("README.md has no python example")
-    return blocks[0]
+    if len(blocks) <= index:
+        pytest.fail(f"README.md has no python example #{index + 1}")
+    return blocks[index]
 
 
 def test_readme_example_runs_and_prints_what_it_says(tmp_path):
@@ -54,3 +54,20 @@ def test_readme_example_runs_and_prints_what_it_says(tmp_path):
         "frame budget: [gpu-queue] timeline signal 'gpu0 compute' >= 2: budget 'frame 2' exhausted"
     )
     assert lines[2] == "hardware timeout: gpu-queue expected=2 observed=1"
+
+
+def test_readme_transports_example_runs_and_prints_what_it_says(tmp_path):
+    script = tmp_path / "transports_example.py"
+    script.write_text(readme_example(1))
+    result = run(str(script))
+    assert result.returncode == 0, result.stderr
+    printed = [
+        line
+        for line in result.stdout.splitlines()
+        if line.split(":")[0] in ("doubled", "hung kernel", "recovered")
+    ]
+    assert printed == [
+        "doubled: True",
+        "hung kernel: gpu-queue compute timeline >= 2",
+        "recovered: True",
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import anyio
 import pytest
 from gpu_sim import FAST, SLACK, session
 from hypothesis import HealthCheck, given, settings
@@ -149,3 +150,19 @@ async def test_a_copy_engine_stopped_by_its_watchdog_is_reported_as_such():
             await gpu.copy_in(buffer, bytes(CHUNK))
         assert isinstance(info.value.__cause__, SignalTimeout)
         assert 0xF2 in await gpu.recover()  # the SDMA watchdog interrupt is in the IH ring
+
+
+async def test_a_cancelled_copy_leaves_no_transfer_behind_and_the_next_one_is_exact():
+    ledger = Ledger()
+    data = os.urandom(6 * CHUNK)
+    async with virtual_time(), session() as (sim, gpu):
+        buffer = await gpu.alloc(len(data))
+        sim.plan.add(FaultRule(Fault.USB_COMPLETION_LOST, at=2))  # the copy stalls mid-way
+        with use_ledger(ledger):
+            with anyio.move_on_after(0.3) as scope:
+                await gpu.copy_in(buffer, data)
+            assert scope.cancelled_caught
+        ledger.assert_empty()  # the transfer in flight was discarded and awaited
+        assert gpu.tracker.live() == []
+        await gpu.copy_in(buffer, data)  # restores a known state first, then copies
+        assert bytes(await gpu.copy_out(buffer)) == data
