@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import pytest
 from fake_pcie import FakeGpu
+from gpu_sim import ADD_ONE, FAST, device
 
 from aio_runtime import Ledger, UsbTransferTimeout, use_ledger
+from transports.gpu import GpuSession
 from transports.sim import Fault, FaultPlan, FaultRule, SimBridge
 from transports.sim.server import SimServer
 from transports.usb import CONTROL_IN, CONTROL_OUT, SimUsbTransport
@@ -53,3 +56,16 @@ def test_a_factory_that_fails_is_reported_by_start():
 
     with pytest.raises(RuntimeError, match="failed to start"):
         SimServer(broken).start()
+
+
+async def test_a_gpu_session_against_the_simulator_on_its_own_thread():
+    data = os.urandom(600_000)
+    with SimServer(device) as server:
+        usb = SimUsbTransport(server.device.bridge, call=server.call)
+        async with await GpuSession.open(usb, config=FAST) as gpu:
+            buffer = await gpu.alloc(len(data))
+            await gpu.copy_in(buffer, data)
+            assert bytes(await gpu.copy_out(buffer)) == data
+            await gpu.run_kernel(ADD_ONE, [buffer, buffer, 16], reads=[buffer], writes=[buffer])
+            head = bytes(await gpu.copy_out(buffer, 16))
+            assert head == bytes((b + 1) % 256 for b in data[:16])
