@@ -20,11 +20,17 @@ $(INSTALLED): pyproject.toml
 run: setup
 	$(VENV)/bin/aio-dms demo
 
+# Two steps. The ordinary suite; then the emulated-USB tests (real libusb against the simulated
+# bridge served by umockdev) in a process of their own under umockdev-wrapper, where
+# AIO_DMS_REQUIRE_UMOCKDEV=1 turns a missing emulation into failures and any skip into a failed run.
+# A hang inside libusb's C code ends by pytest-timeout's thread method (--timeout, per test).
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --ignore=tests/umockdev
+	AIO_DMS_REQUIRE_UMOCKDEV=1 umockdev-wrapper $(PY) -m pytest tests/umockdev --timeout=30
 
 bench: setup
 	$(PY) benchmarks/waits.py
+	$(PY) benchmarks/copy.py
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks

@@ -53,18 +53,6 @@ class SimUrb:
     def done(self) -> bool:
         return self.status is not None
 
-    def describe(self) -> str:
-        if self.endpoint == 0:
-            if self.is_in:
-                return (
-                    f"control IN 0x{self.request:02x} (value 0x{self.value:x}, {self.length} bytes)"
-                )
-            return (
-                f"control OUT 0x{self.request:02x} (value 0x{self.value:x}, index 0x{self.index:x})"
-            )
-        size = self.length if self.is_in else len(self.data)
-        return f"bulk {'IN' if self.is_in else 'OUT'} ep 0x{self.endpoint:02x} ({size} bytes)"
-
     def complete(
         self, status: UrbStatus, *, actual: int = 0, result: bytes = b"", error: str = ""
     ) -> None:

@@ -14,6 +14,7 @@ let go of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -28,6 +29,9 @@ __all__ = [
     "UsbStall",
     "UsbTransfer",
     "UsbTransport",
+    "describe_bulk",
+    "describe_control",
+    "library_timeout_ms",
 ]
 
 T = TypeVar("T")
@@ -36,6 +40,24 @@ CONTROL_OUT = 0x40
 """bmRequestType of a vendor request to the device."""
 CONTROL_IN = 0xC0
 """bmRequestType of a vendor request from the device."""
+
+
+def describe_control(is_in: bool, request: int, value: int, index: int, length: int) -> str:
+    """How every backend names a vendor request in errors (``awaited``)."""
+    if is_in:
+        return f"control IN 0x{request:02x} (value 0x{value:x}, {length} bytes)"
+    return f"control OUT 0x{request:02x} (value 0x{value:x}, index 0x{index:x})"
+
+
+def describe_bulk(endpoint: int, size: int) -> str:
+    """How every backend names a bulk transfer in errors (``awaited``)."""
+    return f"bulk {'IN' if endpoint & 0x80 else 'OUT'} ep 0x{endpoint:02x} ({size} bytes)"
+
+
+def library_timeout_ms(remaining: float) -> int:
+    """A USB library's timeout for a transfer with ``remaining`` seconds left: whole milliseconds,
+    rounded up, and at least 1 — libusb and pyusb read 0 as "wait forever"."""
+    return max(1, math.ceil(round(remaining * 1000.0, 6)))  # (round: 1.1 s is 1100 ms, not 1101)
 
 
 class UsbStall(TransferError):

@@ -25,7 +25,15 @@ from aio_runtime import (
 
 from ..sim.bridge import SimBridge
 from ..sim.urb import SimUrb, UrbStatus
-from .base import CONTROL_IN, CONTROL_OUT, ShortTransfer, UsbStall, UsbTransfer
+from .base import (
+    CONTROL_IN,
+    CONTROL_OUT,
+    ShortTransfer,
+    UsbStall,
+    UsbTransfer,
+    describe_bulk,
+    describe_control,
+)
 
 __all__ = ["SimUsbTransport"]
 
@@ -47,7 +55,10 @@ class SimUsbTransport:
         self._lost = False
 
     def _submit(self, urb: SimUrb, timeout: float | None, *, exact: int) -> UsbTransfer[Any]:
-        awaited = urb.describe()
+        if urb.endpoint == 0:
+            awaited = describe_control(urb.is_in, urb.request, urb.value, urb.index, urb.length)
+        else:
+            awaited = describe_bulk(urb.endpoint, urb.length if urb.is_in else len(urb.data))
         if self._closed:
             raise DeviceLost(f"{awaited}: transport closed", layer=Layer.USB_TRANSFER)
         if self._lost:
