@@ -31,13 +31,17 @@ from aio_runtime import (
     wait_until,
 )
 
+from .hwdefs import EP_BULK_IN, EP_BULK_OUT, LINK_UP, LTSSM_XDATA, SECTOR, SLOT, SRAM_SLOTS
 from .usb import CONTROL_IN, CONTROL_OUT, UsbTransport
 
-__all__ = ["BridgeClient", "PcieCompletionError", "PcieRetriesExhausted"]
+__all__ = [
+    "EP_BULK_IN",
+    "EP_BULK_OUT",
+    "BridgeClient",
+    "PcieCompletionError",
+    "PcieRetriesExhausted",
+]
 
-LTSSM_XDATA, LINK_UP = 0xB450, 0x78
-SECTOR, SLOT, SRAM_SLOTS = 512, 0x4000, 32
-EP_BULK_OUT, EP_BULK_IN = 0x02, 0x81
 _MRD32, _MRD64, _MWR32, _MWR64 = 0x00, 0x20, 0x40, 0x60
 _COMPLETION_NAMES = {1: "unsupported request", 2: "configuration retry", 4: "completer abort"}
 

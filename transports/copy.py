@@ -44,15 +44,25 @@ from aio_runtime import (
 )
 
 from . import hwdefs as hw
-from .bridge import EP_BULK_IN, EP_BULK_OUT, BridgeClient
+from .bridge import BridgeClient
 from .gpu.queues import Packets, Ring
+from .hwdefs import (
+    CQ_RELEASE_PCIE,
+    EP_BULK_IN,
+    EP_BULK_OUT,
+    FENCE_PCIE,
+    FENCE_XDATA,
+    SECTOR,
+    SLOT,
+    SRAM_PCIE,
+    SRAM_SIZE,
+)
 from .usb import UsbTransfer
 
 __all__ = ["CHUNK", "HALF", "MAX_BATCH", "SLOT", "CopyProtocol", "GpuFault", "sentinel"]
 
-HALF, CHUNK, SLOT, SECTOR = 0x40000, 0x40000 - 512, 0x4000, 512
+HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
-SRAM_PCIE, FENCE_PCIE, FENCE_XDATA, CQ_RELEASE_PCIE = 0x200000, 0x820800, 0xA800, 0x82200C
 _log = get_logger("transports.copy")
 
 

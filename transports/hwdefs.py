@@ -25,6 +25,22 @@ GPU_ID = 0x7550_1002
 BRIDGE_IDS = ((0xADD1, 0x0001), (0x3801, 0x0001))
 """USB vendor:product of the bridges the session opens (spec §4.2)."""
 
+# -- the bridge (spec §4.3; layout notes in transports.sim.bridge) --------------------------------
+EP_BULK_OUT, EP_BULK_IN = 0x02, 0x81
+XDATA_SIZE = 0x10000
+"""Controller memory ("XDATA"), read with 0xE4 and written a byte at a time with 0xE5."""
+SYS_XDATA, SYS_PCIE, SYS_SIZE = 0xA000, 0x820000, 0x1000
+"""The sys page: controller memory the GPU also reaches over PCIe."""
+FENCE_XDATA, FENCE_PCIE = SYS_XDATA + 0x800, SYS_PCIE + 0x800
+"""The copy protocol's chunk fence in the sys page."""
+LTSSM_XDATA, LINK_UP = 0xB450, 0x78
+CQ_PCIE, CQ_SIZE = 0x822000, 0x200
+CQ_RELEASE_PCIE = CQ_PCIE + 12
+"""A GPU write of 0 here releases an armed SRAM read."""
+SRAM_PCIE, SRAM_SIZE, SLOT, SECTOR = 0x200000, 0x80000, 0x4000, 512
+"""Bridge SRAM: 32 slots of 16 KiB, moved in 512-byte sectors by the 0xF2 DMA engine."""
+SRAM_SLOTS = SRAM_SIZE // SLOT
+
 # -- address map ---------------------------------------------------------------------------------
 MMIO_BASE, MMIO_SIZE = 0x1000_0000, 0x10_0000
 VRAM_BASE = 0x8_0000_0000

@@ -38,8 +38,9 @@ from aio_runtime import (
 )
 
 from .. import hwdefs as hw
-from ..bridge import EP_BULK_OUT, BridgeClient
+from ..bridge import BridgeClient
 from ..copy import CopyProtocol, GpuFault
+from ..hwdefs import EP_BULK_OUT, SRAM_PCIE
 from ..usb import UsbTransport
 from .boot import BootLog, BridgeRegisters, Psp, boot_mode, smu_mailbox
 from .deps import DependencyTracker, Span
@@ -51,7 +52,6 @@ _log = get_logger("transports.gpu")
 RING_SIZE = 0x10000
 SDMA_RING, COMPUTE_RING, PSP_RING, PSP_COMMANDS, PSP_FENCE = 0, 0x10000, 0x20000, 0x21000, 0x22000
 HEAP_OFFSET = 0x10_0000
-SRAM_PCIE = 0x200000
 
 
 @dataclass

@@ -52,6 +52,24 @@ from typing import Protocol
 
 from aio_runtime import loop_clock
 
+from ..hwdefs import (
+    CQ_PCIE,
+    CQ_RELEASE_PCIE,
+    CQ_SIZE,
+    EP_BULK_IN,
+    EP_BULK_OUT,
+    FENCE_XDATA,
+    LINK_UP,
+    LTSSM_XDATA,
+    SECTOR,
+    SLOT,
+    SRAM_PCIE,
+    SRAM_SIZE,
+    SYS_PCIE,
+    SYS_SIZE,
+    SYS_XDATA,
+    XDATA_SIZE,
+)
 from .faults import Fault, FaultPlan
 from .urb import SimUrb, UrbStatus
 
@@ -73,18 +91,10 @@ __all__ = [
     "SimBridge",
 ]
 
-XDATA_SIZE = 0x10000
-SYS_XDATA, SYS_PCIE, SYS_SIZE = 0xA000, 0x820000, 0x1000
-FENCE_XDATA = SYS_XDATA + 0x800
-LTSSM_XDATA, LINK_UP = 0xB450, 0x78
-CQ_PCIE, CQ_SIZE = 0x822000, 0x200
-CQ_RELEASE_PCIE = CQ_PCIE + 12
-SRAM_PCIE, SRAM_SIZE, SLOT, SECTOR = 0x200000, 0x80000, 0x4000, 512
 MAX_ARMS = 4
 """How many 0xF2 arms the DMA engine queues ahead of their bulk transfers."""
 
 VENDOR_OUT, VENDOR_IN = 0x40, 0xC0
-EP_BULK_OUT, EP_BULK_IN = 0x02, 0x81
 
 
 class CompletionStatus(enum.IntEnum):

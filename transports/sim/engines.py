@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .. import hwdefs as hw
-from ..sim.bridge import CQ_PCIE, SRAM_PCIE, SRAM_SIZE
+from ..hwdefs import CQ_PCIE, CQ_SIZE, SRAM_PCIE, SRAM_SIZE
 from .faults import Fault
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ class CopyEngine(QueueEngine):
             self.gpu.write(target, self.gpu.read(source, size))
         else:  # WRITE, FENCE: everything before has completed (the engine runs in order)
             address = _u64(words[1], words[2])
-            released = CQ_PCIE <= address < CQ_PCIE + 0x200
+            released = CQ_PCIE <= address < CQ_PCIE + CQ_SIZE
             if released and plan.check(Fault.COPYOUT_RELEASE_NEVER):
                 return
             self.gpu.write(address, struct.pack("<I", words[3]))
