@@ -10,15 +10,21 @@ non-zero return status; the request is repeated ``retry_interval`` apart, at mos
 then fails with :class:`PcieRetriesExhausted`. A completion status other than success fails at
 once with :class:`PcieCompletionError` (unsupported request, completer abort, configuration retry).
 
-Requests made of several transfers — a TLP and its completion, a stream request and its data, an
-SRAM arm and its bulk transfer — must not interleave with another task's: the bridge pairs them by
-order. They run holding :attr:`BridgeClient.lock` (a caller composing its own sequence, as the copy
-protocol does, takes it too). Every holder's transfers are bounded, so waiting for it is too.
+The bridge pairs the parts of a request by order, so requests made of several transfers must not
+interleave with another task's. Three :class:`Channel` s keep them apart: ``completion`` (a TLP
+and the read of its completion), ``out_pipe`` (a stream write or an SRAM arm, and the bulk OUT data
+that goes with it — the copy protocol holds it for a whole copy-in batch, with two transfers in
+flight) and ``in_pipe`` (a stream read or an armed SRAM read, and its bulk IN). Single transfers
+(posted writes, controller memory) need none. Waiting for a channel is bounded like any wait, and a
+timeout names who holds it; every holder's own transfers are bounded, so it is released in time.
+:meth:`BridgeClient.exclusive` takes all three (a USB reset cancels every transfer in flight).
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import AsyncIterator
 
 import anyio
 
@@ -38,6 +44,7 @@ __all__ = [
     "EP_BULK_IN",
     "EP_BULK_OUT",
     "BridgeClient",
+    "Channel",
     "PcieCompletionError",
     "PcieRetriesExhausted",
 ]
@@ -70,6 +77,32 @@ def _byte_enables(address: int, size: int) -> int:
     return ((1 << size) - 1) << (address & 3)
 
 
+class Channel:
+    """Exclusive use of one of the bridge's order-paired resources, with who holds it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.holder = ""
+        self._lock = anyio.Lock(fast_acquire=True)
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, holder: str, *, timeout: float | None = None, bound: WaitBound | None = None
+    ) -> AsyncIterator[None]:
+        """Hold the channel for ``holder``; waiting for it is bounded by ``bound`` (or its own
+        ``timeout``: :class:`aio_runtime.PcieRequestTimeout`)."""
+        awaited = f"the bridge's {self.name} for {holder} (held by {self.holder or 'nobody'})"
+        if bound is None:
+            bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=timeout)
+        await bound.run(self._lock.acquire(), awaited=awaited)
+        self.holder = holder
+        try:
+            yield
+        finally:
+            self.holder = ""
+            self._lock.release()
+
+
 class BridgeClient:
     """Drives one bridge through a USB transport."""
 
@@ -90,8 +123,9 @@ class BridgeClient:
         self.power_timeout = power_timeout
         self.bulk_timeout = bulk_timeout
         self.retries = retries
-        self.lock = anyio.Lock(fast_acquire=True)
-        """Held for every multi-transfer request (see the module docstring)."""
+        self.completion = Channel("completion register")
+        self.out_pipe = Channel("bulk OUT pipe")
+        self.in_pipe = Channel("bulk IN pipe")
         self._retry_policy = PollPolicy(
             spin=0, first_interval=retry_interval, max_interval=retry_interval
         )
@@ -158,8 +192,7 @@ class BridgeClient:
                     f"{awaited}: the bridge answered 'retry' {self.retries + 1} times",
                     awaited=awaited,
                 )
-            await bound.run(self.lock.acquire(), awaited=f"{awaited}: the bridge is free")
-            try:
+            async with self.completion.hold(awaited, bound=bound):
                 await bound.run(
                     self.usb.control_out(
                         CONTROL_OUT,
@@ -175,8 +208,6 @@ class BridgeClient:
                     self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
                     awaited=f"{awaited}: completion",
                 )
-            finally:
-                self.lock.release()
             data, status_byte, _, _, bridge_status = struct.unpack("<IBBBB", raw)
             return data, status_byte >> 5, bridge_status
 
@@ -249,8 +280,7 @@ class BridgeClient:
         tlp = _tlp(address, len(data) // 4)
         awaited = f"PCIe streaming write 0x{address:x} ({len(data)} bytes)"
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        await bound.run(self.lock.acquire(), awaited=f"{awaited}: the bridge is free")
-        try:
+        async with self.out_pipe.hold(awaited, bound=bound):
             await bound.run(
                 self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout),
                 awaited=f"{awaited}: request",
@@ -259,8 +289,6 @@ class BridgeClient:
                 self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.bulk_timeout),
                 awaited=f"{awaited}: data",
             )
-        finally:
-            self.lock.release()
 
     async def read_stream(self, address: int, length: int) -> bytes:
         """A streaming memory read: the data comes back on the bulk IN endpoint."""
@@ -270,8 +298,7 @@ class BridgeClient:
         tlp = _tlp(address, length // 4)
         awaited = f"PCIe streaming read 0x{address:x} ({length} bytes)"
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        await bound.run(self.lock.acquire(), awaited=f"{awaited}: the bridge is free")
-        try:
+        async with self.in_pipe.hold(awaited, bound=bound):
             await bound.run(
                 self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout),
                 awaited=f"{awaited}: request",
@@ -280,13 +307,25 @@ class BridgeClient:
                 self.usb.bulk_in(EP_BULK_IN, length, timeout=self.bulk_timeout),
                 awaited=f"{awaited}: data",
             )
-        finally:
-            self.lock.release()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, holder: str, *, timeout: float) -> AsyncIterator[None]:
+        """Hold every channel: nobody else has a paired request in progress."""
+        bound = WaitBound(
+            awaited=f"the whole bridge for {holder}", error=PcieRequestTimeout, timeout=timeout
+        )
+        async with (
+            self.completion.hold(holder, bound=bound),
+            self.out_pipe.hold(holder, bound=bound),
+            self.in_pipe.hold(holder, bound=bound),
+        ):
+            yield
 
     # -- the SRAM DMA engine ---------------------------------------------------------------
 
     async def arm_sram(self, *, read: bool, slot: int, length: int) -> None:
-        """Arm the DMA engine for the next bulk transfer of ``length`` bytes at ``slot``."""
+        """Arm the DMA engine for the next bulk transfer of ``length`` bytes at ``slot`` (the
+        caller holds the matching pipe until that transfer has completed)."""
         if length <= 0 or length % SECTOR:
             raise ValueError(f"SRAM transfers move whole 512-byte sectors, got {length}")
         count = -(-length // SLOT)

@@ -32,7 +32,9 @@ Batches hold at most :data:`MAX_BATCH` chunks, so the one-byte fence compares un
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import AsyncIterator
+
+import anyio
 
 from aio_runtime import (
     Layer,
@@ -116,26 +118,42 @@ class CopyProtocol:
     # -- known state ---------------------------------------------------------------------------
 
     async def restore(self) -> None:
-        """Start from a known state: USB endpoints reset, the copy engine reset, both sentinel
-        slots zeroed, the fence at 0."""
-        await self.usb.reset(timeout=self.bridge.control_timeout)
-        await self.ring.reset()
-        zeros = bytes(SLOT)
-        for slot in (HALF // SLOT - 1, 2 * HALF // SLOT - 1):
-            async with self.bridge.lock:
-                await self.bridge.arm_sram(read=False, slot=slot, length=SLOT)
+        """Start from a known state: USB endpoints reset (arms dropped, transfers cancelled), the
+        copy engine reset, ``usb_go`` and the fence at 0, both sentinel slots zeroed. Holds the
+        whole bridge meanwhile: a USB reset cancels every task's transfers."""
+        bridge = self.bridge
+        async with bridge.exclusive("a copy-protocol restore", timeout=bridge.request_timeout):
+            await self.usb.reset(timeout=bridge.control_timeout)
+            await self.ring.reset()
+            await bridge.mem_write(self.usb_go, 0)
+            zeros = bytes(SLOT)
+            for slot in (HALF // SLOT - 1, 2 * HALF // SLOT - 1):
+                await bridge.arm_sram(read=False, slot=slot, length=SLOT)
                 await self.usb.bulk_out(EP_BULK_OUT, zeros, timeout=self.bulk_timeout)
-        await self.bridge.write_xdata(FENCE_XDATA, b"\0")
+            await bridge.write_xdata(FENCE_XDATA, b"\0")
         self._dirty = False
 
+    async def _stop(self) -> None:
+        """A batch failed or was cancelled: stop the copy engine now (its program would otherwise
+        keep polling until its watchdog put the device in its error state) and clear ``usb_go``.
+        Shielded and bounded; the rest of :meth:`restore` waits for the next copy."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.bridge.request_timeout):
+            with contextlib.suppress(RuntimeFault):  # a device that is gone: restore() says so
+                await self.ring.reset()
+                await self.bridge.mem_write(self.usb_go, 0)
+
     @contextlib.asynccontextmanager
-    async def _batch(self) -> Any:
+    async def _batch(self) -> AsyncIterator[None]:
         if self._dirty:
             await self.restore()
         else:  # the previous batch drained: its fence count goes back to 0 (spec §4.6 step 1)
             await self.bridge.write_xdata(FENCE_XDATA, b"\0")
         self._dirty = True
-        yield
+        try:
+            yield
+        except BaseException:
+            await self._stop()
+            raise
         self._dirty = False
 
     # -- the fence -----------------------------------------------------------------------------
@@ -191,38 +209,45 @@ class CopyProtocol:
             program.fence(FENCE_PCIE, n + 1)
         in_flight: list[UsbTransfer[None] | None] = [None, None]
         async with self._batch():
-            try:
-                await self.ring.submit(program)
-                for n, size in enumerate(sizes):
-                    half = n & 1
-                    previous = in_flight[half]
-                    if previous is not None:
-                        await self._reap(previous, n - 2)
-                        in_flight[half] = None
-                    end = half * HALF + HALF
-                    wire = _wire_in(size)
-                    start = end - wire
-                    self._staging[start : start + size] = view[n * CHUNK : n * CHUNK + size]
-                    self._staging[end - 4 : end] = sentinel(n).to_bytes(4, "little")
-                    if n >= 2:
-                        await self._drained(n - 1, f"copy-in chunk {n - 2} before reusing its half")
-                    async with self.bridge.lock:
-                        await self.bridge.arm_sram(read=False, slot=start // SLOT, length=wire)
-                        in_flight[half] = self.usb.submit_bulk_out(
-                            EP_BULK_OUT,
-                            memoryview(self._staging)[start:end],
-                            timeout=self.bulk_timeout,
-                        )
-                for n in range(max(0, len(sizes) - 2), len(sizes)):
-                    transfer = in_flight[n & 1]
-                    if transfer is not None:
-                        await self._reap(transfer, n)
-                        in_flight[n & 1] = None
-                await self._drained(len(sizes), f"copy-in of {len(view)} bytes")
-            finally:
-                for transfer in in_flight:
-                    if transfer is not None:
-                        await transfer.cancel()
+            await self.ring.submit(program)
+            pipe = self.bridge.out_pipe.hold(
+                f"copy-in of {len(view)} bytes", timeout=self.bulk_timeout
+            )
+            async with pipe:
+                try:
+                    await self._send_chunks(view, sizes, in_flight)
+                finally:
+                    for transfer in in_flight:
+                        if transfer is not None:
+                            await transfer.cancel()
+            await self._drained(len(sizes), f"copy-in of {len(view)} bytes")
+
+    async def _send_chunks(
+        self, view: memoryview, sizes: list[int], in_flight: list[UsbTransfer[None] | None]
+    ) -> None:
+        """Stage, arm and send each chunk, two in flight; reap them all (holding the OUT pipe)."""
+        for n, size in enumerate(sizes):
+            half = n & 1
+            previous = in_flight[half]
+            if previous is not None:
+                await self._reap(previous, n - 2)
+                in_flight[half] = None
+            end = half * HALF + HALF
+            wire = _wire_in(size)
+            start = end - wire
+            self._staging[start : start + size] = view[n * CHUNK : n * CHUNK + size]
+            self._staging[end - 4 : end] = sentinel(n).to_bytes(4, "little")
+            if n >= 2:
+                await self._drained(n - 1, f"copy-in chunk {n - 2} before reusing its half")
+            await self.bridge.arm_sram(read=False, slot=start // SLOT, length=wire)
+            in_flight[half] = self.usb.submit_bulk_out(
+                EP_BULK_OUT, memoryview(self._staging)[start:end], timeout=self.bulk_timeout
+            )
+        for n in range(max(0, len(sizes) - 2), len(sizes)):
+            transfer = in_flight[n & 1]
+            if transfer is not None:
+                await self._reap(transfer, n)
+                in_flight[n & 1] = None
 
     async def _reap(self, transfer: UsbTransfer[None], n: int) -> None:
         try:
@@ -281,7 +306,7 @@ class CopyProtocol:
     async def _receive(self, wire: int, n: int) -> bytes:
         """Arm the SRAM read, let the GPU go, receive the chunk."""
         try:
-            async with self.bridge.lock:
+            async with self.bridge.in_pipe.hold(f"copy-out chunk {n}", timeout=self.bulk_timeout):
                 await self.bridge.arm_sram(read=True, slot=0, length=wire)
                 await self.bridge.mem_write(self.usb_go, n + 1)
                 return await self.usb.bulk_in(EP_BULK_IN, wire, timeout=self.bulk_timeout)

@@ -233,7 +233,7 @@ class GpuSession:
         """A firmware component's image, staged in bridge SRAM for the PSP bootloader."""
         image = bytearray(0x4000)
         image[:4] = component.to_bytes(4, "little")
-        async with self.bridge.lock:
+        async with self.bridge.out_pipe.hold("a firmware image", timeout=self.config.bulk_timeout):
             await self.bridge.arm_sram(read=False, slot=0, length=len(image))
             await self.usb.bulk_out(EP_BULK_OUT, image, timeout=self.config.bulk_timeout)
         return SRAM_PCIE
@@ -351,8 +351,9 @@ class GpuSession:
         :class:`GpuFault` as soon as the device reports its error state."""
 
         async def probe() -> tuple[int, int]:
-            timeline, error = struct.unpack("<II", await self.bridge.read_stream(self.status, 8))
-            return timeline, error
+            # register-sized reads: they need no bulk pipe, which a copy may be holding
+            timeline = await self.bridge.mem_read(self.status + hw.STATUS_TIMELINE)
+            return timeline, await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
 
         _, error = await wait_until(
             probe,
