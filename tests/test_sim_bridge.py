@@ -240,11 +240,13 @@ async def test_a_hung_bulk_transfer_holds_back_the_ones_behind_it():
     out(bridge, 0xF2, 1, 16 | 1 << 8)
     plan.add(FaultRule(Fault.USB_TIMEOUT, at=1))
     first = bulk_out(bridge, b"A" * 512)
-    assert not first.done
     second = bulk_out(bridge, b"B" * 512)
-    assert second.status is OK  # the hung one left the endpoint queue: a lost transfer
-    bridge.discard(first)
+    assert not first.done and not second.done  # the pipe is in order: the second waits
+    bridge.discard(first)  # the host gives up on the first: its arm goes with it
     assert first.status is UrbStatus.CANCELLED
+    assert second.status is OK
+    assert bridge.sram[:512] == bytes(512)  # the first's half never got data
+    assert bridge.sram[16 * SLOT : 16 * SLOT + 512] == b"B" * 512  # the second's arm, its half
 
 
 async def test_a_lost_completion_delivers_the_data_but_never_completes():

@@ -2,12 +2,13 @@
 
 from ..copy import GpuFault
 from .boot import BLOCKS
-from .deps import DependencyTracker
+from .deps import DependencyFailed, DependencyTracker
 from .session import Buffer, GpuSession, HostMapping, SessionConfig
 
 __all__ = [
     "BLOCKS",
     "Buffer",
+    "DependencyFailed",
     "DependencyTracker",
     "GpuFault",
     "GpuSession",

@@ -1,10 +1,14 @@
-"""Ordering work across the GPU's queues by the byte ranges it touches (as tinygrad's HCQ does).
+"""Ordering work on the GPU's queues by the byte ranges it touches (as tinygrad's HCQ does).
 
 Each piece of work declares the ranges it reads and writes. Before it starts it waits for every
-unfinished earlier piece on *another* queue that conflicts with it — a read after a write, a
-write after a read or a write — on overlapping bytes. Work on the same queue relies on the
-queue's FIFO order; work that touches different bytes runs concurrently. So the copy-in of the
-next frame overlaps the current kernel, while the copy-out of a kernel's output waits for it.
+unfinished earlier piece that conflicts with it — a read after a write, a write after a read or a
+write — on overlapping bytes, on any queue: the host decides the order in which work reaches a
+queue, so a queue's FIFO order alone would not keep a later write from overtaking an earlier read.
+Work that touches different bytes runs concurrently: the copy-in of the next frame overlaps the
+current kernel, while the copy-out of a kernel's output waits for it.
+
+Work that fails is done, but not well: whoever was waiting for it gets :class:`DependencyFailed`
+naming it, rather than reading what it never wrote.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from aio_runtime import Layer, SignalTimeout, WaitBound, wait_complete
+from aio_runtime import Layer, RuntimeFault, SignalTimeout, WaitBound, wait_complete
 
-__all__ = ["DependencyTracker", "Span", "Work"]
+__all__ = ["DependencyFailed", "DependencyTracker", "Span", "Work"]
 
 Span = tuple[int, int]
 """A byte range [start, end) of bus addresses."""
@@ -27,6 +31,13 @@ def _overlap(a: Sequence[Span], b: Sequence[Span]) -> bool:
     return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
 
 
+class DependencyFailed(RuntimeFault):
+    """Work this work depended on (it wrote what this reads, or used what this overwrites)
+    failed; its error is the cause."""
+
+    default_layer = Layer.GPU_QUEUE
+
+
 @dataclass(eq=False)
 class Work:
     queue: str
@@ -34,6 +45,7 @@ class Work:
     reads: Sequence[Span]
     writes: Sequence[Span]
     done: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
 
     def conflicts(self, other: Work) -> bool:
         return (
@@ -60,17 +72,17 @@ class DependencyTracker:
         writes: Sequence[Span] = (),
         timeout: float | None = None,
     ) -> AsyncIterator[Work]:
-        """Run the block as work on ``queue`` once the conflicting work on other queues is done
-        (each such wait bounded by ``timeout`` or the enclosing deadline:
-        :class:`aio_runtime.SignalTimeout` naming the work waited for). The work counts as done
-        when the block exits, however it exits."""
+        """Run the block as work on ``queue`` once the conflicting earlier work is done (each such
+        wait bounded by ``timeout`` or the enclosing deadline: :class:`aio_runtime.SignalTimeout`
+        naming the work waited for). The work counts as done when the block exits, however it
+        exits; if it raised, work waiting for it fails with :class:`DependencyFailed`."""
         work = Work(queue, name, reads, writes)
-        before = [w for w in self._live if w.queue != queue and work.conflicts(w)]
+        before = [w for w in self._live if work.conflicts(w)]
         self._live.append(work)
         try:
             if before:
                 bound = WaitBound(
-                    awaited=f"{name}: earlier work on other queues",
+                    awaited=f"{name}: earlier work on the same bytes",
                     error=SignalTimeout,
                     timeout=timeout,
                     layer=Layer.GPU_QUEUE,
@@ -81,7 +93,15 @@ class DependencyTracker:
                         awaited=f"{name}: waits for {earlier.name} ({earlier.queue} queue)",
                         within=bound,
                     )
+                    if earlier.error is not None:
+                        raise DependencyFailed(
+                            f"{name}: {earlier.name} ({earlier.queue} queue) failed",
+                            awaited=f"{name}: waits for {earlier.name}",
+                        ) from earlier.error
             yield work
+        except BaseException as exc:
+            work.error = exc
+            raise
         finally:
             self._live.remove(work)
             work.done.set()

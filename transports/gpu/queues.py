@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import struct
 
+from aio_runtime import Layer, SignalTimeout, wait_until
+
 from .. import hwdefs as hw
 from ..bridge import BridgeClient
 
@@ -59,18 +61,39 @@ class Packets:
         return self._put(hw.Pm4.RELEASE, *hw.pack_u64(address), value & 0xFFFF_FFFF)
 
 
-class Ring:
-    """One queue's ring buffer in VRAM and its register block."""
+_MASK = 0xFFFF_FFFF
 
-    def __init__(self, bridge: BridgeClient, block: int, base: int, size: int, name: str) -> None:
-        if size <= 0 or size % 4:
-            raise ValueError(f"a ring is a whole number of dwords, got {size} bytes")
+
+class Ring:
+    """One queue's ring buffer in VRAM and its register block.
+
+    The write and read pointers are 32-bit byte counts that wrap; the ring's size is a power of
+    two, so a pointer modulo the size is its place in the ring. :meth:`submit` never overwrites
+    packets the engine has not read: when the ring is full it waits (bounded by ``timeout``:
+    :class:`aio_runtime.SignalTimeout`) for the read pointer to move.
+    """
+
+    def __init__(
+        self,
+        bridge: BridgeClient,
+        block: int,
+        base: int,
+        size: int,
+        name: str,
+        *,
+        timeout: float = 10.0,
+    ) -> None:
+        if size < 64 or size & (size - 1) or size > 1 << 31:
+            raise ValueError(f"a ring's size is a power of two from 64 bytes to 2 GiB, got {size}")
         self.bridge = bridge
         self.block = block
         self.base = base
         self.size = size
         self.name = name
+        self.timeout = timeout
         self.wptr = 0
+        self._rptr = 0
+        """The engine's read pointer when last read."""
 
     def _register(self, offset: int) -> int:
         return hw.MMIO_BASE + self.block + offset
@@ -85,12 +108,12 @@ class Ring:
             (hw.RB_CNTL, hw.CNTL_ENABLE),
         ):
             await self.bridge.mem_write(self._register(offset), value)
-        self.wptr = 0
+        self.wptr = self._rptr = 0
 
     async def reset(self) -> None:
         """Stop the queue wherever it is, empty its ring and start it again."""
         await self.bridge.mem_write(self._register(hw.RB_CNTL), hw.CNTL_RESET | hw.CNTL_ENABLE)
-        self.wptr = 0
+        self.wptr = self._rptr = 0
 
     async def read(self, offset: int) -> int:
         return await self.bridge.mem_read(self._register(offset))
@@ -99,10 +122,20 @@ class Ring:
         data = memoryview(packets.data)
         if len(data) > self.size:
             raise ValueError(f"{len(data)} bytes of packets do not fit the {self.size}-byte ring")
+        if (self.wptr + len(data) - self._rptr) & _MASK > self.size:
+            self._rptr = await wait_until(
+                lambda: self.read(hw.RB_RPTR),
+                lambda rptr: (self.wptr + len(data) - rptr) & _MASK <= self.size,
+                awaited=f"{self.name} ring space for {len(data)} bytes",
+                error=SignalTimeout,
+                layer=Layer.GPU_QUEUE,
+                timeout=self.timeout,
+            )
         start = self.wptr % self.size
         first = min(len(data), self.size - start)
         await self.bridge.write_stream(self.base + start, data[:first])
         if first < len(data):
             await self.bridge.write_stream(self.base, data[first:])
-        self.wptr += len(data)
-        await self.bridge.mem_write(self._register(hw.RB_WPTR), self.wptr & 0xFFFF_FFFF)
+        wptr = (self.wptr + len(data)) & _MASK
+        await self.bridge.mem_write(self._register(hw.RB_WPTR), wptr)
+        self.wptr = wptr  # only once the doorbell rang: a failed submit leaves nothing queued

@@ -13,7 +13,6 @@ over the byte ranges it touches.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,7 @@ from ..copy import CopyProtocol, GpuFault
 from ..hwdefs import EP_BULK_OUT, SRAM_PCIE
 from ..usb import UsbTransport
 from .boot import BootLog, BridgeRegisters, Psp, boot_mode, smu_mailbox
-from .deps import DependencyTracker, Span
+from .deps import DependencyFailed, DependencyTracker, Span
 from .queues import Packets, Ring
 
 __all__ = ["Buffer", "GpuSession", "HostMapping", "SessionConfig"]
@@ -112,6 +111,8 @@ class GpuSession:
         self._buffers: set[Buffer] = set()
         self._mappings: set[HostMapping] = set()
         self._next_value = 1
+        self._epoch = 0
+        """Bumped by every recover(): kernels submitted before it are lost."""
         self._closed = False
 
     # -- open and boot -------------------------------------------------------------------------
@@ -137,13 +138,14 @@ class GpuSession:
                 f"no GPU behind the bridge (config id 0x{ident:08x}, expected 0x{hw.GPU_ID:08x})",
                 layer=Layer.PCIE_REQUEST,
             )
-        log.mode = await boot_mode(regs)
+        vram = (await regs.read(hw.VRAM_SIZE_MB // 4)) << 20  # discovery
+        self.status = hw.VRAM_BASE + vram - hw.STATUS_PAGE_SIZE
+        error = await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
+        log.mode = "full" if error else await boot_mode(regs)  # an error state: boot it afresh
         self._step("SOC", f"GPU 0x{ident:08x}, {log.mode} boot")
         self.readiness.mark_up(ReadinessLayer.DEVICE_ONLINE)
         self._step("readiness", "device_online")
 
-        vram = (await regs.read(hw.VRAM_SIZE_MB // 4)) << 20
-        self.status = hw.VRAM_BASE + vram - hw.STATUS_PAGE_SIZE
         self.heap = RangeAllocator(
             vram - HEAP_OFFSET - hw.STATUS_PAGE_SIZE,
             base=hw.VRAM_BASE + HEAP_OFFSET,
@@ -152,8 +154,9 @@ class GpuSession:
         await self.bridge.write_stream(self.status, bytes(16))
         self._step("GMC", f"{vram >> 20} MiB VRAM, heap {self.heap.capacity >> 20} MiB")
 
-        await regs.write(hw.IH_RPTR // 4, await regs.read(hw.IH_WPTR // 4))
-        self._step("IH", "ring acknowledged")
+        await self._scan_interrupts()
+        await regs.write(hw.IH_CNTL // 4, 2)
+        self._step("IH", "ring acknowledged, error state clear")
 
         smu = smu_mailbox(regs, cfg.firmware_timeout)
         psp = Psp(
@@ -193,7 +196,12 @@ class GpuSession:
         self._step("readiness", "firmware_ready")
 
         self.compute = Ring(
-            self.bridge, hw.COMPUTE, hw.VRAM_BASE + COMPUTE_RING, RING_SIZE, "compute"
+            self.bridge,
+            hw.COMPUTE,
+            hw.VRAM_BASE + COMPUTE_RING,
+            RING_SIZE,
+            "compute",
+            timeout=cfg.kernel_timeout,
         )
         await self.compute.setup()
         self._step("GFX", "compute queue " + ("programmed" if log.mode == "full" else "reset"))
@@ -249,14 +257,23 @@ class GpuSession:
                 lambda: self.heap.alloc(size, align=align), self.heap.free, label="vram"
             )
             if zero:
-                await self.copy_in_raw(block.offset, bytes(size))
+                await self._copy_in_span(block.offset, bytes(size))
             buffer = Buffer(block.offset, size, stages.commit())
         self._buffers.add(buffer)
         return buffer
 
     async def free(self, buffer: Buffer) -> None:
+        """Give ``buffer`` back once no work in progress uses it (that wait is bounded; if it
+        times out the buffer stays allocated)."""
         if buffer not in self._buffers:
             raise ValueError(f"{buffer} is not a live buffer of this session (freed twice?)")
+        try:
+            async with self.tracker.ordered(
+                "host", "free", writes=[buffer.span], timeout=self.config.kernel_timeout
+            ):
+                pass
+        except DependencyFailed:
+            pass  # the work that used it failed; it is over all the same
         self._buffers.discard(buffer)
         await buffer.owner.release()
 
@@ -276,22 +293,22 @@ class GpuSession:
 
     # -- copies --------------------------------------------------------------------------------
 
-    async def copy_in_raw(self, address: int, data: Any) -> None:
-        async with self._copy_lock:
-            await self.copy.copy_in(address, data)
-
     async def copy_in(self, buffer: Buffer, data: Any, *, offset: int = 0) -> None:
-        """Copy host bytes into ``buffer`` (after conflicting work on the compute queue)."""
+        """Copy host bytes into ``buffer`` (after conflicting work on the same bytes)."""
         size = memoryview(data).nbytes
         self._check_range(buffer, offset, size)
-        start = buffer.address + offset
+        await self._copy_in_span(buffer.address + offset, data)
+
+    async def _copy_in_span(self, start: int, data: Any) -> None:
+        size = memoryview(data).nbytes
         async with self.tracker.ordered(
             "copy",
             f"copy-in {size} bytes",
             writes=[(start, start + size)],
             timeout=self.config.kernel_timeout,
         ):
-            await self.copy_in_raw(start, data)
+            async with self._copy_lock:
+                await self.copy.copy_in(start, data)
 
     async def copy_out(
         self, buffer: Buffer, size: int | None = None, *, offset: int = 0, out: Any = None
@@ -338,12 +355,17 @@ class GpuSession:
             timeout=self.config.kernel_timeout,
         ):
             async with self._compute_lock:
-                value = self._next_value
+                value, epoch = self._next_value, self._epoch
                 self._next_value += 1
                 packets = Packets().dispatch(kernel, words)
                 packets.release(self.status + hw.STATUS_TIMELINE, value)
                 await self.compute.submit(packets)
             await self.wait_timeline(value, timeout=timeout)
+            if self._epoch != epoch:  # the timeline was rewound past it: it never ran
+                raise GpuFault(
+                    f"kernel {kernel} (timeline {value}) was lost to a device recovery",
+                    awaited=f"compute timeline >= {value}",
+                )
         return value
 
     async def wait_timeline(self, value: int, *, timeout: float | None = None) -> None:
@@ -378,44 +400,60 @@ class GpuSession:
 
     async def recover(self) -> list[int]:
         """Reset every queue (copy engine included), rewind the timeline, clear the error state.
-        Returns the interrupt sources found in the IH ring. Work that was in flight is lost."""
+        Returns the interrupt sources found in the IH ring. Kernels in flight are lost: their
+        waiters fail with :class:`GpuFault` ("lost to a device recovery"), never see success."""
+        self._check_open()
         regs = self.regs
-        wptr = await regs.read(hw.IH_WPTR // 4)
-        rptr = await regs.read(hw.IH_RPTR // 4)
-        self.interrupts = [
-            await regs.read((hw.IH_ENTRY + 4 * (i % hw.IH_ENTRIES)) // 4)
-            for i in range(max(rptr, wptr - hw.IH_ENTRIES), wptr)
-        ]
-        await regs.write(hw.IH_RPTR // 4, wptr)
-        await self.compute.reset()
+        self.interrupts = await self._scan_interrupts()
+        async with self._compute_lock:
+            self._epoch += 1
+            await self.compute.reset()
+            await regs.write(hw.IH_CNTL // 4, 2)  # clear the error state
+            await regs.write(hw.VM_FAULT_STATUS // 4, 0)
+            timeline = (self._next_value - 1) & 0xFFFF_FFFF
+            await self.bridge.mem_write(self.status + hw.STATUS_TIMELINE, timeline)
+            await self.bridge.mem_write(self.status + hw.STATUS_ERROR, 0)
         await self.copy.restore()
-        await self.bridge.write_stream(
-            self.status + hw.STATUS_TIMELINE,
-            struct.pack("<I", (self._next_value - 1) & 0xFFFF_FFFF),
-        )
-        await regs.write(hw.IH_CNTL // 4, 2)
-        await regs.write(hw.VM_FAULT_STATUS // 4, 0)
         self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
         _log.info("gpu recovered", interrupts=[hex(i) for i in self.interrupts])
         return self.interrupts
 
+    async def _scan_interrupts(self) -> list[int]:
+        """The interrupt sources since the last scan (the ring keeps the last 64); acknowledged."""
+        regs = self.regs
+        wptr = await regs.read(hw.IH_WPTR // 4)
+        rptr = await regs.read(hw.IH_RPTR // 4)
+        sources = [
+            await regs.read((hw.IH_ENTRY + 4 * (i % hw.IH_ENTRIES)) // 4)
+            for i in range(max(rptr, wptr - hw.IH_ENTRIES), wptr)
+        ]
+        await regs.write(hw.IH_RPTR // 4, wptr)
+        return sources
+
     async def aclose(self) -> None:
-        """Free what is still allocated, unmap what is mapped, and record in SCRATCH_REG6 whether
-        the next open may partial-boot (only after a clean session)."""
+        """Stop both queues, record in SCRATCH_REG6 whether the next open may partial-boot (only
+        after a clean session: no error state), then free what is still allocated and unmap what
+        is mapped. The device part is shielded and bounded; a device that is gone leaves
+        SCRATCH_REG6 saying "in use", so the next open boots fully."""
         if self._closed:
             return
         self._closed = True
         try:
-            for buffer in list(self._buffers):
-                await self.free(buffer)
-            for mapping in list(self._mappings):
-                self.unmap(mapping)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.request_timeout):
                 try:
-                    error = await self.bridge.read_stream(self.status + hw.STATUS_ERROR, 4)
-                    await self.regs.write(hw.SCRATCH_REG6 // 4, int.from_bytes(error, "little"))
-                except RuntimeFault as exc:  # SCRATCH_REG6 keeps saying "in use": a full boot next
+                    for ring in (self.copy.ring, self.compute):
+                        await self.bridge.mem_write(
+                            hw.MMIO_BASE + ring.block + hw.RB_CNTL, hw.CNTL_RESET
+                        )
+                    error = await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
+                    await self.regs.write(hw.SCRATCH_REG6 // 4, error)
+                except RuntimeFault as exc:
                     _log.warning("gpu close could not record a clean end", error=str(exc))
+            for buffer in list(self._buffers):  # the queues are stopped: nothing uses them now
+                self._buffers.discard(buffer)
+                await buffer.owner.release()
+            for mapping in list(self._mappings):
+                self.unmap(mapping)
         finally:
             self.readiness.mark_down(ReadinessLayer.DEVICE_ONLINE, "session closed")
             await self.usb.aclose()

@@ -189,9 +189,11 @@ class SimBridge:
         self._stream: _Stream | None = None
         self._queues: dict[int, deque[SimUrb]] = {EP_BULK_OUT: deque(), EP_BULK_IN: deque()}
         self._hung: set[SimUrb] = set()
+        """URBs the device will never complete; only a discard (or an unplug) ends them."""
+        self._stalled: set[SimUrb] = set()
+        """Queued bulk URBs the device never serves (a USB_TIMEOUT): they block their endpoint."""
         self._cuts: dict[SimUrb, int] = {}
         """Queued bulk transfers a SHORT_TRANSFER fault will cut, and to what length."""
-        """URBs the device will never complete; only a discard (or an unplug) ends them."""
         self._gone = False
         self.requests: deque[tuple[str, int, int, int]] = deque(maxlen=1024)
         """The latest transfers, as (kind, request or endpoint, value or length, index): for
@@ -222,7 +224,11 @@ class SimBridge:
             urb.complete(UrbStatus.NO_DEVICE, error="the bridge is not on the bus")
             return
         if self.plan.check(Fault.USB_TIMEOUT):
-            self._hang(urb)
+            if urb.endpoint in self._queues:  # it holds back the transfers behind it
+                self._stalled.add(urb)
+                self._queues[urb.endpoint].append(urb)
+            else:
+                self._hang(urb)
             return
         carries_data = urb.is_in or len(urb.data) > 0
         rule = self.plan.check(Fault.SHORT_TRANSFER) if carries_data else None
@@ -249,6 +255,7 @@ class SimBridge:
         if urb.done:
             return
         self._hung.discard(urb)
+        self._stalled.discard(urb)
         queue = self._queues.get(urb.endpoint)
         if queue and urb in queue:
             if queue[0] is urb and self._arms and self._arms[0].read == urb.is_in:
@@ -324,6 +331,8 @@ class SimBridge:
         queue = self._queues[endpoint]
         while queue:
             urb = queue[0]
+            if urb in self._stalled:
+                return
             try:
                 finished = self._bulk_in(urb) if urb.is_in else self._bulk_out(urb)
             except _Refused as exc:
@@ -387,6 +396,7 @@ class SimBridge:
     def _end_all(self, status: UrbStatus, error: str) -> None:
         pending = [*self._hung, *self._queues[EP_BULK_OUT], *self._queues[EP_BULK_IN]]
         self._hung.clear()
+        self._stalled.clear()
         self._cuts.clear()
         for queue in self._queues.values():
             queue.clear()
@@ -449,7 +459,8 @@ class SimBridge:
             self._complete(0, CompletionStatus.SUCCESS, bridge_status=1)
             return True
         if self._ltssm() != LINK_UP:  # a posted write to a link that is down is simply lost
-            self._complete(0, CompletionStatus.UNSUPPORTED_REQUEST)
+            if not posted:
+                self._complete(0, CompletionStatus.UNSUPPORTED_REQUEST)
             return True
         lanes = byte_enables & 0xF or 0xF  # which bytes of the dword the TLP carries
         first, size = (lanes & -lanes).bit_length() - 1, bin(lanes).count("1")

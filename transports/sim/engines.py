@@ -1,5 +1,6 @@
 """The simulated GPU's queues: the copy engine (SDMA) and the compute queue, each a ring of packets
-(:mod:`transports.hwdefs`) that the engine executes in order.
+(:mod:`transports.hwdefs`) that the engine executes in order. A packet that addresses memory
+nothing claims raises a UTCL2 fault interrupt and halts the queue, as a GPU's page fault does.
 
 An engine wakes when its doorbell (write pointer) is written and, while a POLL/WAIT packet is
 unsatisfied, whenever memory it can see changes — it never polls on a timer, so a copy runs as
@@ -42,6 +43,10 @@ class Kernel:
     duration: float = 0.0
 
 
+_MASK = 0xFFFF_FFFF
+"""Ring pointers are 32-bit byte counts that wrap (ring sizes are powers of two)."""
+
+
 class _Halt(Exception):
     """The engine stops (watchdog, fault): only a reset restarts it."""
 
@@ -72,8 +77,8 @@ class QueueEngine:
             hw.RB_LO: self.base & 0xFFFF_FFFF,
             hw.RB_HI: self.base >> 32,
             hw.RB_SIZE: self.size,
-            hw.RB_WPTR: self.wptr & 0xFFFF_FFFF,
-            hw.RB_RPTR: self.rptr & 0xFFFF_FFFF,
+            hw.RB_WPTR: self.wptr,
+            hw.RB_RPTR: self.rptr,
             hw.RB_CNTL: int(self.enabled),
             hw.RB_STATUS: hw.STATUS_HALTED if self.halted else 0,
         }.get(offset, 0)
@@ -86,7 +91,7 @@ class QueueEngine:
         elif offset == hw.RB_SIZE:
             self.size = value
         elif offset == hw.RB_WPTR:
-            self.wptr = value
+            self.wptr = value & _MASK
             self.poke()
         elif offset == hw.RB_CNTL:
             if value & hw.CNTL_RESET:
@@ -119,19 +124,25 @@ class QueueEngine:
     async def _execute(self) -> None:
         while True:
             self._wake = anyio.Event()
-            if not self.enabled or self.halted or self.size == 0 or self.rptr >= self.wptr:
+            pending = (self.wptr - self.rptr) & _MASK
+            if not self.enabled or self.halted or self.size == 0 or pending == 0:
                 await self._wake.wait()
                 continue
             header = self._dword(self.rptr)
             length = self.packet_dwords(header & 0xFF, header >> 8)
             if length is None:
+                self.gpu.interrupt(hw.Interrupt.SQ_ERROR, f"{self.name}: packet 0x{header:x}")
                 raise _Halt(f"{self.name}: bad packet header 0x{header:x}")
-            if self.rptr + 4 * length > self.wptr:
+            if 4 * length > pending:
                 await self._wake.wait()  # the rest of the packet is not written yet
                 continue
             words = self._dwords(self.rptr, length)
-            await self.execute(words)
-            self.rptr += 4 * length
+            try:
+                await self.execute(words)
+            except (LookupError, ValueError) as exc:  # an address nothing claims, a bad field
+                self.gpu.interrupt(hw.Interrupt.UTCL2_FAULT, f"{self.name}: {exc}")
+                raise _Halt(str(exc)) from exc
+            self.rptr = (self.rptr + 4 * length) & _MASK
             self.executed += 1
 
     def _dword(self, pointer: int) -> int:

@@ -127,11 +127,14 @@ class SimPsp:
         frames = max(1, self.registers[hw.PSP_RING_SIZE] // hw.PSP_FRAME_SIZE)
         read: Callable[[int, int], bytes] = lambda a, n: bytes(self.gpu.read(a, n))  # noqa: E731
         while self._served < self.registers[hw.PSP_RING_WPTR]:
-            frame = read(ring + (self._served % frames) * hw.PSP_FRAME_SIZE, 20)
             self._served += 1
-            cmd_lo, cmd_hi, fence_lo, fence_hi, fence_value = struct.unpack("<5I", frame)
-            command = cmd_hi << 32 | cmd_lo
-            cmd_id, arg_lo, _ = struct.unpack("<3I", read(command, 12))
+            try:
+                frame = read(ring + ((self._served - 1) % frames) * hw.PSP_FRAME_SIZE, 20)
+                cmd_lo, cmd_hi, fence_lo, fence_hi, fence_value = struct.unpack("<5I", frame)
+                command = cmd_hi << 32 | cmd_lo
+                cmd_id, arg_lo, _ = struct.unpack("<3I", read(command, 12))
+            except LookupError:
+                continue  # a frame or command nowhere in memory: nothing to answer, no fence
             plan = self.gpu.plan
             if plan.check(Fault.PSP_RING_TIMEOUT):
                 continue  # the fence is never written
@@ -140,8 +143,9 @@ class SimPsp:
             if rule is not None:
                 param = rule.params.get("status", 1)
                 status = int(param) if isinstance(param, int) else 1
-            else:
+            elif self.gpu.firmware_loaded(cmd_id, arg_lo):
                 self.commands.append((cmd_id, arg_lo))
-                self.gpu.firmware_loaded(cmd_id, arg_lo)
+            else:
+                status = 0x2  # invalid parameter
             self.gpu.write(command + hw.PSP_RESPONSE_OFFSET, struct.pack("<I", status))
             self.gpu.write(fence_hi << 32 | fence_lo, struct.pack("<I", fence_value))

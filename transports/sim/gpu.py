@@ -9,6 +9,7 @@ down: registers, firmware and queues reset, VRAM lost — the next session must 
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -50,7 +51,9 @@ class SimGpu:
         self.smu = SimSmu(self, firmware_latency)
         self.psp = SimPsp(self, firmware_latency)
         self.kernels: dict[int, Kernel] = {}
-        self.interrupts: list[tuple[hw.Interrupt, str]] = []
+        self.interrupts: deque[tuple[hw.Interrupt, str]] = deque(maxlen=hw.IH_ENTRIES)
+        """The interrupt ring: the last IH_ENTRIES interrupts, with a note on each."""
+        self.ih_wptr = 0
         self.ih_rptr = 0
         self.error = 0
         self.firmware: list[hw.Firmware] = []
@@ -217,15 +220,13 @@ class SimGpu:
         if offset == hw.VRAM_SIZE_MB:
             return len(self.vram) >> 20
         if offset == hw.IH_WPTR:
-            return len(self.interrupts)
+            return self.ih_wptr
         if offset == hw.IH_RPTR:
             return self.ih_rptr
         if hw.IH_ENTRY <= offset < hw.IH_ENTRY + 4 * hw.IH_ENTRIES:
-            index = (offset - hw.IH_ENTRY) // 4
-            for i in range(len(self.interrupts) - 1, -1, -1):
-                if i % hw.IH_ENTRIES == index:
-                    return int(self.interrupts[i][0])
-            return 0
+            slot = (offset - hw.IH_ENTRY) // 4  # interrupt i sits in slot i % IH_ENTRIES
+            age = (self.ih_wptr - 1 - slot) % hw.IH_ENTRIES
+            return int(self.interrupts[-1 - age][0]) if age < len(self.interrupts) else 0
         return self.registers.get(offset, 0)
 
     def write_register(self, offset: int, value: int) -> None:
@@ -249,17 +250,22 @@ class SimGpu:
 
     def interrupt(self, source: hw.Interrupt, detail: str = "") -> None:
         self.interrupts.append((source, detail))
+        self.ih_wptr += 1
         if source.is_error:
             self.error = int(source)
             if source is hw.Interrupt.UTCL2_FAULT:
                 self.registers[hw.VM_FAULT_STATUS] = 1
             self.write_status(hw.STATUS_ERROR, int(source))
 
-    def firmware_loaded(self, command: int, argument: int) -> None:
+    def firmware_loaded(self, command: int, argument: int) -> bool:
+        """The PSP carried out ``command``; False for one it cannot (no such firmware)."""
         if command == hw.PspCommand.LOAD_IP_FW:
+            if argument not in set(hw.Firmware):
+                return False
             self.firmware.append(hw.Firmware(argument))
             if argument == hw.Firmware.SMU:
                 self.smu.loaded = True
+        return True
 
     def _reset_blocks(self) -> None:
         for scope in self._timers:
@@ -270,7 +276,7 @@ class SimGpu:
             queue.reset()
             queue.enabled = False
         self.interrupts.clear()
-        self.ih_rptr = 0
+        self.ih_wptr = self.ih_rptr = 0
         self.error = 0
         self.firmware.clear()
         self.registers.pop(hw.VM_FAULT_STATUS, None)
