@@ -67,6 +67,8 @@ class SessionConfig:
     kernel_timeout: float = 10.0
     copy_watchdog_ms: int = 10_000
     mode1_reset_pause: float = 0.5
+    compute_ring_size: int = RING_SIZE
+    """Bytes of compute-queue ring: a power of two, 64 B to 64 KiB (a dispatch is ~48 bytes)."""
 
 
 @dataclass(eq=False)
@@ -199,7 +201,7 @@ class GpuSession:
             self.bridge,
             hw.COMPUTE,
             hw.VRAM_BASE + COMPUTE_RING,
-            RING_SIZE,
+            cfg.compute_ring_size,
             "compute",
             timeout=cfg.kernel_timeout,
         )

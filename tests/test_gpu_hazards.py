@@ -1,0 +1,254 @@
+"""The device session under concurrency and after faults: ordering, recovery, close, rings."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import anyio
+import pytest
+from gpu_sim import ADD_ONE, FAST, SLOW, SLOW_ADD_ONE, device, reopen, session
+
+from aio_runtime import Layer, SignalTimeout, UsbTransferTimeout, now
+from aio_runtime.testing import virtual_time
+from transports import hwdefs as hw
+from transports.copy import CHUNK
+from transports.gpu import DependencyFailed, GpuFault, GpuSession
+from transports.gpu.session import Buffer
+from transports.sim import Fault, FaultRule
+from transports.sim.server import SimServer
+from transports.usb import SimUsbTransport
+
+pytestmark = pytest.mark.anyio
+
+
+def part(buffer: Buffer, offset: int, size: int) -> Buffer:
+    return Buffer(buffer.address + offset, size, buffer.owner)
+
+
+async def test_a_later_write_never_overtakes_an_earlier_read_of_the_same_bytes():
+    async with virtual_time(), session() as (_, gpu):
+        data, source = await gpu.alloc(8192), await gpu.alloc(4096)
+        await gpu.copy_in(data, b"\x11" * 8192)
+        x, z = part(data, 0, 4096), part(data, 4096, 4096)
+        seen = {}
+
+        async def kernel_writing_z():
+            await gpu.run_kernel(SLOW_ADD_ONE, [source, z, 4096], reads=[source], writes=[z])
+
+        async def read_x_and_z():  # waits for the kernel (it reads z)
+            seen["x"] = bytes(await gpu.copy_out(data, 8))
+
+        async def write_x():  # issued after the read: must not land before it
+            await gpu.copy_in(x, b"\x99" * 8)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kernel_writing_z)
+            await anyio.sleep(0.01)
+            tg.start_soon(read_x_and_z)
+            await anyio.sleep(0.01)
+            tg.start_soon(write_x)
+        assert seen["x"] == b"\x11" * 8
+
+
+async def test_work_waiting_on_failed_work_fails_instead_of_reading_stale_bytes():
+    async with virtual_time(), session() as (sim, gpu):
+        target = await gpu.alloc(64)
+        sim.plan.add(FaultRule(Fault.KERNEL_HANG, at=1))
+        outcome = {}
+
+        async def producer():
+            with contextlib.suppress(SignalTimeout):  # its own failure; the test is the consumer's
+                await gpu.run_kernel(ADD_ONE, [target, target, 64], writes=[target], timeout=1.0)
+
+        async def consumer():
+            try:
+                await gpu.copy_out(target)
+            except DependencyFailed as exc:
+                outcome["consumer"] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer)
+            await anyio.sleep(0.1)
+            tg.start_soon(consumer)
+        exc = outcome["consumer"]
+        assert exc.layer is Layer.GPU_QUEUE and "kernel 1" in str(exc)
+
+
+async def test_a_kernel_lost_to_a_recovery_fails_rather_than_reporting_success():
+    async with virtual_time(), session() as (sim, gpu):
+        buffer = await gpu.alloc(64)
+        sim.plan.add(FaultRule(Fault.KERNEL_HANG, at=1))
+        outcome = {}
+
+        async def waiter():
+            try:
+                await gpu.run_kernel(ADD_ONE, [buffer, buffer, 64], timeout=30.0)
+                outcome["waiter"] = "success"
+            except GpuFault as exc:
+                outcome["waiter"] = str(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.sleep(1.0)
+            await gpu.recover()
+        assert "lost to a device recovery" in outcome["waiter"]
+        await gpu.run_kernel(ADD_ONE, [buffer, buffer, 64])
+
+
+async def test_a_cancelled_copy_stops_the_copy_engine_so_its_watchdog_never_fires_later():
+    async with virtual_time(), session() as (sim, gpu):
+        buffer, other = await gpu.alloc(4 * CHUNK), await gpu.alloc(64)
+        sim.plan.add(FaultRule(Fault.SENTINEL_NEVER_CONSUMED, at=1))
+        with anyio.move_on_after(0.2):
+            await gpu.copy_in(buffer, bytes(4 * CHUNK))
+        engine = sim.gpu.copy
+        assert engine.rptr == engine.wptr and not engine.halted
+        await anyio.sleep(FAST.copy_watchdog_ms / 1000 + 1)  # long past the watchdog
+        assert sim.gpu.error == 0
+        await gpu.run_kernel(ADD_ONE, [other, other, 64])
+
+
+async def test_close_stops_the_queues_and_the_next_partial_boot_finds_a_clean_device():
+    async with virtual_time(), device() as sim:
+        gpu = await reopen(sim)
+        buffer = await gpu.alloc(4 * CHUNK)
+        sim.plan.add(FaultRule(Fault.SENTINEL_NEVER_CONSUMED, at=1))
+        with anyio.move_on_after(0.2):
+            await gpu.copy_in(buffer, bytes(4 * CHUNK))
+        await gpu.aclose()
+        assert not sim.gpu.copy.enabled and not sim.gpu.compute.enabled
+        await anyio.sleep(FAST.copy_watchdog_ms / 1000 + 1)
+        again = await reopen(sim)
+        try:
+            assert again.boot_log.mode == "partial"
+            scratch = await again.alloc(64)
+            await again.run_kernel(ADD_ONE, [scratch, scratch, 64])
+        finally:
+            await again.aclose()
+
+
+async def test_a_device_left_in_its_error_state_is_booted_fully():
+    async with virtual_time(), device() as sim:
+        gpu = await reopen(sim)
+        await gpu.aclose()
+        sim.gpu.interrupt(hw.Interrupt.SQ_ERROR)  # after the clean close
+        again = await reopen(sim)
+        try:
+            assert again.boot_log.mode == "full"
+            assert sim.gpu.error == 0
+        finally:
+            await again.aclose()
+
+
+async def test_a_stalled_copy_out_does_not_hold_up_kernels_on_other_buffers():
+    async with virtual_time(), session() as (sim, gpu):
+        source, result = await gpu.alloc(CHUNK), await gpu.alloc(64)
+        sim.plan.add(FaultRule(Fault.COPYOUT_RELEASE_NEVER, at=1))
+        finished = {}
+
+        async def stalled_copy():
+            with contextlib.suppress(UsbTransferTimeout):
+                await gpu.copy_out(source)
+            finished["copy"] = now()
+
+        async def kernels():
+            for _ in range(3):
+                await gpu.run_kernel(ADD_ONE, [result, result, 64], reads=[result], writes=[result])
+            finished["kernels"] = now()
+
+        start = now()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stalled_copy)
+            await anyio.sleep(0.01)
+            tg.start_soon(kernels)
+        assert finished["kernels"] - start < 0.1 < finished["copy"] - start
+
+
+async def test_freeing_a_buffer_waits_for_the_work_on_it():
+    async with virtual_time(), session() as (_, gpu):
+        source, target = await gpu.alloc(4096), await gpu.alloc(4096)
+        freed = {}
+
+        async def kernel():
+            await gpu.run_kernel(
+                SLOW_ADD_ONE, [source, target, 4096], reads=[source], writes=[target]
+            )
+
+        async def free_then_reuse():
+            await gpu.free(target)
+            freed["at"] = now()
+            reused = await gpu.alloc(4096, zero=True)
+            freed["same address"] = reused.address == target.address
+            freed["bytes"] = bytes(await gpu.copy_out(reused, 8))
+
+        start = now()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kernel)
+            await anyio.sleep(0.01)
+            tg.start_soon(free_then_reuse)
+        assert freed["at"] - start >= SLOW
+        assert freed["same address"] and freed["bytes"] == bytes(8)
+
+
+async def test_more_kernels_than_the_ring_holds_all_run_none_overwritten():
+    small = FAST.__class__(**{**FAST.__dict__, "compute_ring_size": 1024})
+    async with virtual_time(), session(config=small) as (sim, gpu):
+        slow, buffer = await gpu.alloc(64), await gpu.alloc(64)
+        count = 100  # 48-byte packets: more than a 1 KiB ring holds at once
+        done = []
+
+        async def one():
+            done.append(await gpu.run_kernel(ADD_ONE, [buffer, buffer, 0]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gpu.run_kernel, SLOW_ADD_ONE, [slow, slow, 64])
+            await anyio.sleep(0.01)
+            for _ in range(count):
+                tg.start_soon(one)
+        assert len(done) == count == len(set(done))
+        assert sim.gpu.compute.executed == 2 * (count + 1)  # a dispatch and a release each
+
+
+async def test_ring_pointers_wrap_at_32_bits():
+    async with virtual_time(), session() as (sim, gpu):
+        buffer = await gpu.alloc(64)
+        start = 2**32 - 0x30  # after ~4 GiB of packets
+        gpu.compute.wptr = gpu.compute._rptr = start
+        sim.gpu.compute.wptr = sim.gpu.compute.rptr = start
+        for _ in range(3):
+            await gpu.run_kernel(ADD_ONE, [buffer, buffer, 64])
+        assert gpu.compute.wptr < 0x100 and sim.gpu.compute.rptr == gpu.compute.wptr
+
+
+@pytest.mark.parametrize("fault", [Fault.COPYOUT_RELEASE_NEVER, Fault.COPY_WATCHDOG])
+async def test_copy_out_faults_on_the_threaded_simulator_recover(fault):
+    config = FAST.__class__(**{**FAST.__dict__, "bulk_timeout": 0.3, "fence_timeout": 0.3})
+    with SimServer(device) as server:
+        usb = SimUsbTransport(server.device.bridge, call=server.call)
+        async with await GpuSession.open(usb, config=config) as gpu:
+            buffer = await gpu.alloc(CHUNK + 5)
+            await gpu.copy_in(buffer, b"\x42" * (CHUNK + 5))
+            server.run(server.device.plan.add, FaultRule(fault, at=1))
+            with anyio.fail_after(5), pytest.raises((UsbTransferTimeout, GpuFault)) as info:
+                await gpu.copy_out(buffer)
+            assert info.value.layer in (Layer.USB_TRANSFER, Layer.GPU_QUEUE)
+            server.run(server.device.plan.clear)
+            await gpu.recover()
+            for _ in range(3):
+                assert bytes(await gpu.copy_out(buffer)) == b"\x42" * (CHUNK + 5)
+
+
+async def test_a_lost_bulk_transfer_is_a_usb_timeout_of_that_transfer():
+    async with virtual_time(), session() as (sim, gpu):
+        buffer = await gpu.alloc(CHUNK)
+        # the 6th transfer of a copy-in: chunk 0's bulk OUT (after the fence reset, the program's
+        # stream request and data, the doorbell and the arm)
+        sim.plan.add(FaultRule(Fault.USB_TIMEOUT, at=6))
+        start = now()
+        with pytest.raises(UsbTransferTimeout) as info:
+            await gpu.copy_in(buffer, bytes(CHUNK))
+        assert info.value.layer is Layer.USB_TRANSFER
+        assert info.value.awaited.startswith(f"bulk OUT ep 0x02 ({hw.SRAM_SIZE // 2} bytes)")
+        assert math.isclose(now() - start, FAST.bulk_timeout, abs_tol=0.2)
+        await gpu.copy_in(buffer, bytes(CHUNK))  # restores a known state first
