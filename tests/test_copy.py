@@ -133,6 +133,7 @@ async def test_a_lost_completion_and_a_stalled_fence_are_told_apart():
         sim.plan.add(FaultRule(Fault.USB_COMPLETION_LOST, at=1))
         with pytest.raises(UsbTransferTimeout) as lost:
             await gpu.copy_in(buffer, bytes(CHUNK))
+        assert lost.value.layer is Layer.USB_TRANSFER
         assert "USB completion was lost" in "".join(lost.value.__notes__)
         await gpu.recover()
         sim.plan.add(FaultRule(Fault.SENTINEL_NEVER_CONSUMED, at=1))

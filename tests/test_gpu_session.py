@@ -272,6 +272,7 @@ async def test_usb_and_pcie_faults_in_a_session_are_typed_and_a_new_session_reco
         assert now() - start <= FAST.request_timeout + SLACK
         ledger.assert_empty()
         sim.plan.clear()
+        await gpu.aclose()  # as a supervisor does: close the failed session, open a new one
         again = await reopen(sim)
         try:
             await again.run_kernel(ADD_ONE, [buffer.address, buffer.address, 16])
