@@ -72,6 +72,12 @@ def sentinel(n: int) -> int:
     return 0x5100_0000 | (n & 0xFF_FFFF)
 
 
+def _reached(fence: int, count: int) -> bool:
+    """Whether a one-byte fence has reached ``count`` (modulo 256; never more than a batch of
+    :data:`MAX_BATCH` apart)."""
+    return (fence - count) & 0xFF < 0x80
+
+
 def _wire_in(size: int) -> int:
     return -(-(size + SECTOR) // SLOT) * SLOT
 
@@ -114,6 +120,8 @@ class CopyProtocol:
         self.fence_timeout = fence_timeout
         self._staging = bytearray(2 * HALF)
         self._dirty = True
+        self._fence_seen = 0
+        """The fence as last read (within the current batch)."""
 
     # -- known state ---------------------------------------------------------------------------
 
@@ -131,6 +139,7 @@ class CopyProtocol:
                 await bridge.arm_sram(read=False, slot=slot, length=SLOT)
                 await self.usb.bulk_out(EP_BULK_OUT, zeros, timeout=self.bulk_timeout)
             await bridge.write_xdata(FENCE_XDATA, b"\0")
+            self._fence_seen = 0
         self._dirty = False
 
     async def _stop(self) -> None:
@@ -148,6 +157,7 @@ class CopyProtocol:
             await self.restore()
         else:  # the previous batch drained: its fence count goes back to 0 (spec §4.6 step 1)
             await self.bridge.write_xdata(FENCE_XDATA, b"\0")
+            self._fence_seen = 0
         self._dirty = True
         try:
             yield
@@ -159,14 +169,18 @@ class CopyProtocol:
     # -- the fence -----------------------------------------------------------------------------
 
     async def _fence(self) -> int:
-        return (await self.bridge.read_xdata(FENCE_XDATA, 1))[0]
+        self._fence_seen = (await self.bridge.read_xdata(FENCE_XDATA, 1))[0]
+        return self._fence_seen
 
     async def _drained(self, count: int, what: str) -> None:
-        """Wait until the fence shows ``count`` chunks done (one byte, compared modulo 256)."""
+        """Wait until the fence shows ``count`` chunks done (one byte, compared modulo 256). A
+        fence already seen that far is not read again: the engine often runs a chunk ahead."""
+        if _reached(self._fence_seen, count):
+            return
         try:
             await wait_until(
                 self._fence,
-                lambda fence: (fence - count) & 0xFF < 0x80,
+                lambda fence: _reached(fence, count),
                 awaited=f"chunk fence >= {count} ({what})",
                 error=SignalTimeout,
                 layer=Layer.GPU_QUEUE,
@@ -255,7 +269,7 @@ class CopyProtocol:
         except UsbTransferTimeout as exc:
             with contextlib.suppress(Exception):
                 fence = await self._fence()
-                if (fence - (n + 1)) & 0xFF < 0x80:
+                if _reached(fence, n + 1):
                     exc.add_note(
                         f"the GPU consumed copy-in chunk {n} (fence {fence}): "
                         "the USB completion was lost"
@@ -314,7 +328,7 @@ class CopyProtocol:
             fence = None
             with contextlib.suppress(Exception):
                 fence = await self._fence()
-            if fence is not None and (fence - (n + 1)) & 0xFF < 0x80:
+            if fence is not None and _reached(fence, n + 1):
                 exc.add_note(
                     f"the GPU finished copy-out chunk {n} (fence {fence}) "
                     "but never released the armed read"

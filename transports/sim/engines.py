@@ -123,10 +123,9 @@ class QueueEngine:
 
     async def _execute(self) -> None:
         while True:
-            self._wake = anyio.Event()
             pending = (self.wptr - self.rptr) & _MASK
             if not self.enabled or self.halted or self.size == 0 or pending == 0:
-                await self._wake.wait()
+                await self._sleep()
                 continue
             header = self._dword(self.rptr)
             length = self.packet_dwords(header & 0xFF, header >> 8)
@@ -134,7 +133,7 @@ class QueueEngine:
                 self.gpu.interrupt(hw.Interrupt.SQ_ERROR, f"{self.name}: packet 0x{header:x}")
                 raise _Halt(f"{self.name}: bad packet header 0x{header:x}")
             if 4 * length > pending:
-                await self._wake.wait()  # the rest of the packet is not written yet
+                await self._sleep()  # the rest of the packet is not written yet
                 continue
             words = self._dwords(self.rptr, length)
             try:
@@ -144,6 +143,12 @@ class QueueEngine:
                 raise _Halt(str(exc)) from exc
             self.rptr = (self.rptr + 4 * length) & _MASK
             self.executed += 1
+
+    async def _sleep(self) -> None:
+        """Until the next poke (doorbell, control). The event is made only here, right after
+        the check that found nothing to do: nothing can poke in between on this thread."""
+        self._wake = anyio.Event()
+        await self._wake.wait()
 
     def _dword(self, pointer: int) -> int:
         address = self.base + pointer % self.size
