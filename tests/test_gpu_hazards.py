@@ -51,28 +51,88 @@ async def test_a_later_write_never_overtakes_an_earlier_read_of_the_same_bytes()
         assert seen["x"] == b"\x11" * 8
 
 
-async def test_work_waiting_on_failed_work_fails_instead_of_reading_stale_bytes():
+async def test_a_kernel_that_timed_out_keeps_its_bytes_until_recovery_then_readers_fail():
     async with virtual_time(), session() as (sim, gpu):
         target = await gpu.alloc(64)
         sim.plan.add(FaultRule(Fault.KERNEL_HANG, at=1))
         outcome = {}
 
         async def producer():
-            with contextlib.suppress(SignalTimeout):  # its own failure; the test is the consumer's
+            with pytest.raises(SignalTimeout):
                 await gpu.run_kernel(ADD_ONE, [target, target, 64], writes=[target], timeout=1.0)
 
         async def consumer():
             try:
                 await gpu.copy_out(target)
             except DependencyFailed as exc:
-                outcome["consumer"] = exc
+                outcome["consumer"] = (exc, now())
+
+        async def free():
+            await gpu.free(target)
+            outcome["freed"] = now()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.1)
+            await anyio.sleep(1.5)  # the producer has timed out; its kernel may still run
             tg.start_soon(consumer)
-        exc = outcome["consumer"]
+            tg.start_soon(free)
+            await anyio.sleep(5.0)
+            assert outcome == {}  # both wait: the device may still write those bytes
+            recovered = now()
+            await gpu.recover()  # the queue is reset: the kernel will never run
+        exc, when = outcome["consumer"]
         assert exc.layer is Layer.GPU_QUEUE and "kernel 1" in str(exc)
+        assert when == recovered and outcome["freed"] == recovered
+
+
+async def test_a_write_after_failed_work_goes_ahead():
+    async with virtual_time(), session() as (_, gpu):
+        buffer = await gpu.alloc(64)
+        with anyio.move_on_after(0.0):  # a read cancelled before it touched the device
+            await gpu.copy_out(buffer)
+        await gpu.copy_in(buffer, b"\x05" * 64)  # the next frame's write is not held against it
+        assert bytes(await gpu.copy_out(buffer)) == b"\x05" * 64
+
+
+async def test_a_kernel_that_completed_before_a_recovery_stands():
+    async with virtual_time(), session() as (_, gpu):
+        buffer = await gpu.alloc(64)
+        outcome = {}
+
+        async def waiter():  # it polls the timeline only every so often
+            outcome["value"] = await gpu.run_kernel(SLOW_ADD_ONE, [buffer, buffer, 64])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.sleep(SLOW + 0.0001)  # done on the device, maybe not yet seen
+            await gpu.recover()
+        assert outcome["value"] == 1
+        assert bytes(await gpu.copy_out(buffer, 4)) == b"\x01" * 4
+
+
+async def test_recover_does_not_wait_behind_submissions_queued_for_a_full_ring():
+    small = FAST.__class__(**{**FAST.__dict__, "compute_ring_size": 256})
+    async with virtual_time(), session(config=small) as (sim, gpu):
+        buffer = await gpu.alloc(64)
+        sim.plan.add(FaultRule(Fault.KERNEL_HANG, at=1))
+        errors = []
+
+        async def submit():
+            try:
+                await gpu.run_kernel(ADD_ONE, [buffer, buffer, 64], timeout=1.0)
+            except (SignalTimeout, GpuFault) as exc:
+                errors.append(type(exc).__name__)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):  # far more than a 256-byte ring holds behind a hung kernel
+                tg.start_soon(submit)
+            await anyio.sleep(0.5)
+            start = now()
+            await gpu.recover()
+            took = now() - start
+        assert took <= 1.0 + 0.1  # at most the one submission waiting for ring space
+        assert len(errors) == 20
+        await gpu.run_kernel(ADD_ONE, [buffer, buffer, 64])
 
 
 async def test_a_kernel_lost_to_a_recovery_fails_rather_than_reporting_success():
@@ -252,3 +312,51 @@ async def test_a_lost_bulk_transfer_is_a_usb_timeout_of_that_transfer():
         assert info.value.awaited.startswith(f"bulk OUT ep 0x02 ({hw.SRAM_SIZE // 2} bytes)")
         assert math.isclose(now() - start, FAST.bulk_timeout, abs_tol=0.2)
         await gpu.copy_in(buffer, bytes(CHUNK))  # restores a known state first
+
+
+async def test_a_stalled_copy_in_does_not_fail_kernels_on_other_buffers():
+    async with virtual_time(), session() as (sim, gpu):
+        data, result = await gpu.alloc(3 * CHUNK), await gpu.alloc(64)
+        sim.plan.add(FaultRule(Fault.SENTINEL_NEVER_CONSUMED, at=1))
+        outcome = {}
+
+        async def stalled_copy():
+            with contextlib.suppress(SignalTimeout):
+                await gpu.copy_in(data, bytes(3 * CHUNK))
+            outcome["copy"] = now()
+
+        async def kernel():  # its submission waits for the bulk OUT pipe, then runs
+            await gpu.run_kernel(ADD_ONE, [result, result, 64], reads=[result], writes=[result])
+            outcome["kernel"] = now()
+
+        start = now()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stalled_copy)
+            await anyio.sleep(0.01)
+            tg.start_soon(kernel)
+        assert outcome["kernel"] - start <= FAST.fence_timeout + 0.2
+        assert outcome["copy"] - start <= FAST.fence_timeout + 0.2
+
+
+async def test_recover_while_copies_run_on_the_threaded_simulator_never_corrupts_data():
+    config = FAST.__class__(**{**FAST.__dict__, "bulk_timeout": 0.3, "fence_timeout": 0.3})
+    with SimServer(device) as server:
+        usb = SimUsbTransport(server.device.bridge, call=server.call)
+        async with await GpuSession.open(usb, config=config) as gpu:
+            buffers = [await gpu.alloc(CHUNK + 64) for _ in range(2)]
+
+            async def copies(index: int, byte: int) -> None:
+                payload = bytes([byte]) * (CHUNK + 64)
+                for _ in range(8):
+                    with contextlib.suppress(SignalTimeout, UsbTransferTimeout, GpuFault):
+                        await gpu.copy_in(buffers[index], payload)
+                        got = bytes(await gpu.copy_out(buffers[index]))
+                        assert got == payload  # a copy that succeeds is exact
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(copies, 0, 0x11)
+                    tg.start_soon(copies, 1, 0x22)
+                    for _ in range(6):
+                        await anyio.sleep(0.003)
+                        await gpu.recover()

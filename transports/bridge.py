@@ -11,13 +11,14 @@ then fails with :class:`PcieRetriesExhausted`. A completion status other than su
 once with :class:`PcieCompletionError` (unsupported request, completer abort, configuration retry).
 
 The bridge pairs the parts of a request by order, so requests made of several transfers must not
-interleave with another task's. Three :class:`Channel` s keep them apart: ``completion`` (a TLP
-and the read of its completion), ``out_pipe`` (a stream write or an SRAM arm, and the bulk OUT data
-that goes with it — the copy protocol holds it for a whole copy-in batch, with two transfers in
-flight) and ``in_pipe`` (a stream read or an armed SRAM read, and its bulk IN). Single transfers
-(posted writes, controller memory) need none. Waiting for a channel is bounded like any wait, and a
-timeout names who holds it; every holder's own transfers are bounded, so it is released in time.
-:meth:`BridgeClient.exclusive` takes all three (a USB reset cancels every transfer in flight).
+interleave with another task's. Three :class:`Channel` s keep them apart: ``out_pipe`` (a stream
+write or an SRAM arm, and the bulk OUT data that goes with it — the copy protocol holds it for a
+whole copy-in batch, with two transfers in flight), ``in_pipe`` (a stream read or an armed SRAM
+read, and its bulk IN) and ``completion`` (a TLP and the read of its completion). Single transfers
+(posted writes, controller memory) need none. Waiting for a channel is bounded by
+``channel_timeout``, longer than any holder keeps one, so a stuck holder fails before those waiting
+behind it; a timeout names the holder. :meth:`BridgeClient.exclusive` takes all three (for a USB
+reset). A request's own bound (``request_timeout``) starts once it has its channel.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator
 import anyio
 
 from aio_runtime import (
+    HardwareTimeout,
     Layer,
     PcieRequestTimeout,
     PollPolicy,
@@ -78,22 +80,38 @@ def _byte_enables(address: int, size: int) -> int:
 
 
 class Channel:
-    """Exclusive use of one of the bridge's order-paired resources, with who holds it."""
+    """Exclusive use of a resource shared by tasks, with who holds it.
 
-    def __init__(self, name: str) -> None:
+    Waiting for it is bounded by ``timeout`` — chosen longer than any holder keeps it (each
+    holder's own steps are bounded), so that when a holder is stuck it fails first and the waiter
+    is only delayed — or by the enclosing deadline; reaching the bound raises ``error`` naming the
+    holder. Channels are always taken in one order (the session's queue channels, then the bulk
+    OUT pipe, the bulk IN pipe, the completion register), so two holders never wait on each other.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        timeout: float,
+        error: type[HardwareTimeout] = PcieRequestTimeout,
+        layer: Layer | None = None,
+    ) -> None:
         self.name = name
+        self.timeout = timeout
+        self.error = error
+        self.layer = layer
         self.holder = ""
         self._lock = anyio.Lock(fast_acquire=True)
 
+    @property
+    def held(self) -> bool:
+        return self._lock.locked()
+
     @contextlib.asynccontextmanager
-    async def hold(
-        self, holder: str, *, timeout: float | None = None, bound: WaitBound | None = None
-    ) -> AsyncIterator[None]:
-        """Hold the channel for ``holder``; waiting for it is bounded by ``bound`` (or its own
-        ``timeout``: :class:`aio_runtime.PcieRequestTimeout`)."""
-        awaited = f"the bridge's {self.name} for {holder} (held by {self.holder or 'nobody'})"
-        if bound is None:
-            bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=timeout)
+    async def hold(self, holder: str) -> AsyncIterator[None]:
+        awaited = f"{self.name} for {holder} (held by {self.holder or 'nobody'})"
+        bound = WaitBound(awaited=awaited, error=self.error, timeout=self.timeout, layer=self.layer)
         await bound.run(self._lock.acquire(), awaited=awaited)
         self.holder = holder
         try:
@@ -114,6 +132,7 @@ class BridgeClient:
         request_timeout: float = 5.0,
         power_timeout: float = 10.0,
         bulk_timeout: float = 10.0,
+        channel_timeout: float = 30.0,
         retries: int = 10,
         retry_interval: float = 0.001,
     ) -> None:
@@ -123,9 +142,9 @@ class BridgeClient:
         self.power_timeout = power_timeout
         self.bulk_timeout = bulk_timeout
         self.retries = retries
-        self.completion = Channel("completion register")
-        self.out_pipe = Channel("bulk OUT pipe")
-        self.in_pipe = Channel("bulk IN pipe")
+        self.out_pipe = Channel("the bridge's bulk OUT pipe", timeout=channel_timeout)
+        self.in_pipe = Channel("the bridge's bulk IN pipe", timeout=channel_timeout)
+        self.completion = Channel("the bridge's completion register", timeout=channel_timeout)
         self._retry_policy = PollPolicy(
             spin=0, first_interval=retry_interval, max_interval=retry_interval
         )
@@ -180,6 +199,12 @@ class BridgeClient:
         self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
     ) -> int:
         """One TLP with a completion: issue, read the completion, retry while the bridge is busy."""
+        async with self.completion.hold(awaited):
+            return await self._request_held(fmt_type, byte_enables, address, word, awaited)
+
+    async def _request_held(
+        self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
+    ) -> int:
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
         tlp = _tlp(address, word)
         attempts = 0
@@ -192,22 +217,21 @@ class BridgeClient:
                     f"{awaited}: the bridge answered 'retry' {self.retries + 1} times",
                     awaited=awaited,
                 )
-            async with self.completion.hold(awaited, bound=bound):
-                await bound.run(
-                    self.usb.control_out(
-                        CONTROL_OUT,
-                        0xF0,
-                        fmt_type | byte_enables << 8,
-                        0,
-                        tlp,
-                        timeout=self.control_timeout,
-                    ),
-                    awaited=f"{awaited}: request",
-                )
-                raw = await bound.run(
-                    self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
-                    awaited=f"{awaited}: completion",
-                )
+            await bound.run(
+                self.usb.control_out(
+                    CONTROL_OUT,
+                    0xF0,
+                    fmt_type | byte_enables << 8,
+                    0,
+                    tlp,
+                    timeout=self.control_timeout,
+                ),
+                awaited=f"{awaited}: request",
+            )
+            raw = await bound.run(
+                self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
+                awaited=f"{awaited}: completion",
+            )
             data, status_byte, _, _, bridge_status = struct.unpack("<IBBBB", raw)
             return data, status_byte >> 5, bridge_status
 
@@ -279,8 +303,10 @@ class BridgeClient:
         fmt = _MWR64 if address >> 32 else _MWR32
         tlp = _tlp(address, len(data) // 4)
         awaited = f"PCIe streaming write 0x{address:x} ({len(data)} bytes)"
-        bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        async with self.out_pipe.hold(awaited, bound=bound):
+        async with self.out_pipe.hold(awaited):
+            bound = WaitBound(
+                awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout
+            )
             await bound.run(
                 self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout),
                 awaited=f"{awaited}: request",
@@ -297,8 +323,10 @@ class BridgeClient:
         fmt = _MRD64 if address >> 32 else _MRD32
         tlp = _tlp(address, length // 4)
         awaited = f"PCIe streaming read 0x{address:x} ({length} bytes)"
-        bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        async with self.in_pipe.hold(awaited, bound=bound):
+        async with self.in_pipe.hold(awaited):
+            bound = WaitBound(
+                awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout
+            )
             await bound.run(
                 self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout),
                 awaited=f"{awaited}: request",
@@ -309,15 +337,14 @@ class BridgeClient:
             )
 
     @contextlib.asynccontextmanager
-    async def exclusive(self, holder: str, *, timeout: float) -> AsyncIterator[None]:
-        """Hold every channel: nobody else has a paired request in progress."""
-        bound = WaitBound(
-            awaited=f"the whole bridge for {holder}", error=PcieRequestTimeout, timeout=timeout
-        )
+    async def exclusive(self, holder: str) -> AsyncIterator[None]:
+        """Hold every channel: nobody else has a paired request in progress. (A single transfer
+        of another task — a posted write, a controller-memory read — can still be in flight: a
+        USB reset made meanwhile cancels it, and that task sees a transfer error.)"""
         async with (
-            self.completion.hold(holder, bound=bound),
-            self.out_pipe.hold(holder, bound=bound),
-            self.in_pipe.hold(holder, bound=bound),
+            self.out_pipe.hold(holder),
+            self.in_pipe.hold(holder),
+            self.completion.hold(holder),
         ):
             yield
 

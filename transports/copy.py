@@ -32,6 +32,7 @@ Batches hold at most :data:`MAX_BATCH` chunks, so the one-byte fence compares un
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator
 
 import anyio
@@ -47,6 +48,7 @@ from aio_runtime import (
 
 from . import hwdefs as hw
 from .bridge import BridgeClient
+from .errors import GpuFault
 from .gpu.queues import Packets, Ring
 from .hwdefs import (
     CQ_RELEASE_PCIE,
@@ -82,17 +84,6 @@ def _wire_in(size: int) -> int:
     return -(-(size + SECTOR) // SLOT) * SLOT
 
 
-class GpuFault(RuntimeFault):
-    """The GPU stopped: a queue halted (the copy engine's watchdog) or the device entered its
-    error state (an interrupt: page fault, shader error). ``source`` names the interrupt."""
-
-    default_layer = Layer.GPU_QUEUE
-
-    def __init__(self, message: str, *, source: int = 0, awaited: str = "") -> None:
-        super().__init__(message, awaited=awaited)
-        self.source = source
-
-
 class CopyProtocol:
     """Copies between host memory and VRAM through one bridge and the GPU's copy queue.
 
@@ -122,6 +113,8 @@ class CopyProtocol:
         self._dirty = True
         self._fence_seen = 0
         """The fence as last read (within the current batch)."""
+        self._arm_unused = False
+        """An SRAM arm went out and its bulk transfer may not have (set until it is submitted)."""
 
     # -- known state ---------------------------------------------------------------------------
 
@@ -130,7 +123,7 @@ class CopyProtocol:
         copy engine reset, ``usb_go`` and the fence at 0, both sentinel slots zeroed. Holds the
         whole bridge meanwhile: a USB reset cancels every task's transfers."""
         bridge = self.bridge
-        async with bridge.exclusive("a copy-protocol restore", timeout=bridge.request_timeout):
+        async with bridge.exclusive("a copy-protocol restore"):
             await self.usb.reset(timeout=bridge.control_timeout)
             await self.ring.reset()
             await bridge.mem_write(self.usb_go, 0)
@@ -144,12 +137,19 @@ class CopyProtocol:
 
     async def _stop(self) -> None:
         """A batch failed or was cancelled: stop the copy engine now (its program would otherwise
-        keep polling until its watchdog put the device in its error state) and clear ``usb_go``.
-        Shielded and bounded; the rest of :meth:`restore` waits for the next copy."""
+        keep polling until its watchdog put the device in its error state), clear ``usb_go``,
+        and drop an SRAM arm that may have no transfer behind it (a USB reset), so that nobody
+        else's bulk data is taken for SRAM. Shielded and bounded; the next copy restores the rest
+        (the batch is left dirty, whoever cleared the flag meanwhile)."""
+        self._dirty = True
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.bridge.request_timeout):
             with contextlib.suppress(RuntimeFault):  # a device that is gone: restore() says so
                 await self.ring.reset()
                 await self.bridge.mem_write(self.usb_go, 0)
+                if self._arm_unused:
+                    async with self.bridge.exclusive("dropping an unused SRAM arm"):
+                        await self.usb.reset(timeout=self.bridge.control_timeout)
+                    self._arm_unused = False
 
     @contextlib.asynccontextmanager
     async def _batch(self) -> AsyncIterator[None]:
@@ -221,31 +221,27 @@ class CopyProtocol:
             program.copy(SRAM_PCIE + end - wire, target + n * CHUNK, size)
             program.write(SRAM_PCIE + end - 4, 0)
             program.fence(FENCE_PCIE, n + 1)
-        in_flight: list[UsbTransfer[None] | None] = [None, None]
+        in_flight: deque[tuple[int, UsbTransfer[None]]] = deque()
         async with self._batch():
             await self.ring.submit(program)
-            pipe = self.bridge.out_pipe.hold(
-                f"copy-in of {len(view)} bytes", timeout=self.bulk_timeout
-            )
-            async with pipe:
+            async with self.bridge.out_pipe.hold(f"copy-in of {len(view)} bytes"):
                 try:
                     await self._send_chunks(view, sizes, in_flight)
                 finally:
-                    for transfer in in_flight:
-                        if transfer is not None:
-                            await transfer.cancel()
+                    while in_flight:  # oldest first, as the pipe serves them
+                        await in_flight.popleft()[1].cancel()
             await self._drained(len(sizes), f"copy-in of {len(view)} bytes")
 
     async def _send_chunks(
-        self, view: memoryview, sizes: list[int], in_flight: list[UsbTransfer[None] | None]
+        self, view: memoryview, sizes: list[int], in_flight: deque[tuple[int, UsbTransfer[None]]]
     ) -> None:
-        """Stage, arm and send each chunk, two in flight; reap them all (holding the OUT pipe)."""
+        """Stage, arm and send each chunk, two in flight (oldest first in ``in_flight``); reap
+        them all. The caller holds the bulk OUT pipe."""
         for n, size in enumerate(sizes):
+            if len(in_flight) == 2:  # this half's previous occupant: chunk n - 2
+                await self._reap(*in_flight[0])
+                in_flight.popleft()
             half = n & 1
-            previous = in_flight[half]
-            if previous is not None:
-                await self._reap(previous, n - 2)
-                in_flight[half] = None
             end = half * HALF + HALF
             wire = _wire_in(size)
             start = end - wire
@@ -253,17 +249,18 @@ class CopyProtocol:
             self._staging[end - 4 : end] = sentinel(n).to_bytes(4, "little")
             if n >= 2:
                 await self._drained(n - 1, f"copy-in chunk {n - 2} before reusing its half")
+            self._arm_unused = True
             await self.bridge.arm_sram(read=False, slot=start // SLOT, length=wire)
-            in_flight[half] = self.usb.submit_bulk_out(
+            transfer = self.usb.submit_bulk_out(
                 EP_BULK_OUT, memoryview(self._staging)[start:end], timeout=self.bulk_timeout
             )
-        for n in range(max(0, len(sizes) - 2), len(sizes)):
-            transfer = in_flight[n & 1]
-            if transfer is not None:
-                await self._reap(transfer, n)
-                in_flight[n & 1] = None
+            self._arm_unused = False
+            in_flight.append((n, transfer))
+        while in_flight:
+            await self._reap(*in_flight[0])
+            in_flight.popleft()
 
-    async def _reap(self, transfer: UsbTransfer[None], n: int) -> None:
+    async def _reap(self, n: int, transfer: UsbTransfer[None]) -> None:
         try:
             await transfer.wait()
         except UsbTransferTimeout as exc:
@@ -320,10 +317,13 @@ class CopyProtocol:
     async def _receive(self, wire: int, n: int) -> bytes:
         """Arm the SRAM read, let the GPU go, receive the chunk."""
         try:
-            async with self.bridge.in_pipe.hold(f"copy-out chunk {n}", timeout=self.bulk_timeout):
+            async with self.bridge.in_pipe.hold(f"copy-out chunk {n}"):
+                self._arm_unused = True  # until the read arrives: a read left armed stays armed
                 await self.bridge.arm_sram(read=True, slot=0, length=wire)
                 await self.bridge.mem_write(self.usb_go, n + 1)
-                return await self.usb.bulk_in(EP_BULK_IN, wire, timeout=self.bulk_timeout)
+                data = await self.usb.bulk_in(EP_BULK_IN, wire, timeout=self.bulk_timeout)
+                self._arm_unused = False
+                return data
         except UsbTransferTimeout as exc:
             fence = None
             with contextlib.suppress(Exception):

@@ -1,6 +1,6 @@
 """The GPU device session over a USB-PCIe bridge: boot, memory, queues, copies, kernels, recovery."""
 
-from ..copy import GpuFault
+from ..errors import GpuFault
 from .boot import BLOCKS
 from .deps import DependencyFailed, DependencyTracker
 from .session import Buffer, GpuSession, HostMapping, SessionConfig

@@ -7,8 +7,11 @@ queue, so a queue's FIFO order alone would not keep a later write from overtakin
 Work that touches different bytes runs concurrently: the copy-in of the next frame overlaps the
 current kernel, while the copy-out of a kernel's output waits for it.
 
-Work that fails is done, but not well: whoever was waiting for it gets :class:`DependencyFailed`
-naming it, rather than reading what it never wrote.
+Work that started and failed is done, but not well: work that reads what it wrote fails with
+:class:`DependencyFailed` naming it, rather than reading bytes it never wrote (a write after it
+loses nothing and goes ahead). Work that may still be running on the device after its host side
+gave up (a kernel whose wait timed out) *lingers*: it stays live until the device is known to be
+done with it (:meth:`DependencyTracker.finish`), so nothing reuses its bytes meanwhile.
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ def _overlap(a: Sequence[Span], b: Sequence[Span]) -> bool:
 
 
 class DependencyFailed(RuntimeFault):
-    """Work this work depended on (it wrote what this reads, or used what this overwrites)
-    failed; its error is the cause."""
+    """Work that wrote bytes this work reads failed; its error is the cause."""
 
     default_layer = Layer.GPU_QUEUE
 
@@ -45,7 +47,11 @@ class Work:
     reads: Sequence[Span]
     writes: Sequence[Span]
     done: anyio.Event = field(default_factory=anyio.Event)
+    started: bool = False
+    """It got past its waits (it may have touched the device)."""
     error: BaseException | None = None
+    lingering: bool = False
+    """Set inside the block: on exit the work stays live until :meth:`DependencyTracker.finish`."""
 
     def conflicts(self, other: Work) -> bool:
         return (
@@ -71,11 +77,13 @@ class DependencyTracker:
         reads: Sequence[Span] = (),
         writes: Sequence[Span] = (),
         timeout: float | None = None,
+        tolerate_failures: bool = False,
     ) -> AsyncIterator[Work]:
-        """Run the block as work on ``queue`` once the conflicting earlier work is done (each such
+        """Run the block as work on ``queue`` once all conflicting earlier work is done (the
         wait bounded by ``timeout`` or the enclosing deadline: :class:`aio_runtime.SignalTimeout`
-        naming the work waited for). The work counts as done when the block exits, however it
-        exits; if it raised, work waiting for it fails with :class:`DependencyFailed`."""
+        naming the work waited for). Then, unless ``tolerate_failures``, fail with
+        :class:`DependencyFailed` if work that wrote what this reads failed. The work is done
+        when the block exits — unless it set ``lingering``."""
         work = Work(queue, name, reads, writes)
         before = [w for w in self._live if work.conflicts(w)]
         self._live.append(work)
@@ -88,20 +96,35 @@ class DependencyTracker:
                     layer=Layer.GPU_QUEUE,
                 )
                 for earlier in before:
+                    note = " — it may still be running on the device" if earlier.lingering else ""
                     await wait_complete(
                         earlier.done,
-                        awaited=f"{name}: waits for {earlier.name} ({earlier.queue} queue)",
+                        awaited=f"{name}: waits for {earlier.name} ({earlier.queue} queue){note}",
                         within=bound,
                     )
-                    if earlier.error is not None:
-                        raise DependencyFailed(
-                            f"{name}: {earlier.name} ({earlier.queue} queue) failed",
-                            awaited=f"{name}: waits for {earlier.name}",
-                        ) from earlier.error
+                failed = [
+                    w
+                    for w in before
+                    if w.started and w.error is not None and _overlap(reads, w.writes)
+                ]
+                if failed and not tolerate_failures:
+                    raise DependencyFailed(
+                        f"{name}: {failed[0].name} ({failed[0].queue} queue), which wrote what "
+                        "it reads, failed",
+                        awaited=f"{name}: waits for {failed[0].name}",
+                    ) from failed[0].error
+            work.started = True
             yield work
         except BaseException as exc:
-            work.error = exc
+            if work.started:
+                work.error = exc
             raise
         finally:
+            if not work.lingering:
+                self.finish(work)
+
+    def finish(self, work: Work) -> None:
+        """The device is done with ``work`` (a lingering one): those waiting for it go on."""
+        if work in self._live:
             self._live.remove(work)
-            work.done.set()
+        work.done.set()

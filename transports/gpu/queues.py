@@ -118,7 +118,9 @@ class Ring:
     async def read(self, offset: int) -> int:
         return await self.bridge.mem_read(self._register(offset))
 
-    async def submit(self, packets: Packets) -> None:
+    async def submit(self, packets: Packets, *, timeout: float | None = None) -> None:
+        """Write ``packets`` and ring the doorbell; waiting for ring space is bounded by
+        ``timeout`` (default: the ring's)."""
         data = memoryview(packets.data)
         if len(data) > self.size:
             raise ValueError(f"{len(data)} bytes of packets do not fit the {self.size}-byte ring")
@@ -129,7 +131,7 @@ class Ring:
                 awaited=f"{self.name} ring space for {len(data)} bytes",
                 error=SignalTimeout,
                 layer=Layer.GPU_QUEUE,
-                timeout=self.timeout,
+                timeout=self.timeout if timeout is None else timeout,
             )
         start = self.wptr % self.size
         first = min(len(data), self.size - start)

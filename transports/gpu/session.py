@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -37,12 +37,13 @@ from aio_runtime import (
 )
 
 from .. import hwdefs as hw
-from ..bridge import BridgeClient
-from ..copy import CopyProtocol, GpuFault
+from ..bridge import BridgeClient, Channel
+from ..copy import CopyProtocol
+from ..errors import GpuFault
 from ..hwdefs import EP_BULK_OUT, SRAM_PCIE
 from ..usb import UsbTransport
 from .boot import BootLog, BridgeRegisters, Psp, boot_mode, smu_mailbox
-from .deps import DependencyFailed, DependencyTracker, Span
+from .deps import DependencyTracker, Span, Work
 from .queues import Packets, Ring
 
 __all__ = ["Buffer", "GpuSession", "HostMapping", "SessionConfig"]
@@ -69,6 +70,14 @@ class SessionConfig:
     mode1_reset_pause: float = 0.5
     compute_ring_size: int = RING_SIZE
     """Bytes of compute-queue ring: a power of two, 64 B to 64 KiB (a dispatch is ~48 bytes)."""
+    turn_timeout: float = 60.0
+    """How long work waits for its turn on a queue (another copy, another submission)."""
+
+    @property
+    def channel_timeout(self) -> float:
+        """How long a bridge channel may be waited for: longer than any holder keeps one (a
+        copy chunk's bulk transfer, then a fence wait, then a diagnosis)."""
+        return self.bulk_timeout + self.fence_timeout + 2 * self.request_timeout
 
 
 @dataclass(eq=False)
@@ -101,6 +110,7 @@ class GpuSession:
             control_timeout=config.control_timeout,
             request_timeout=config.request_timeout,
             bulk_timeout=config.bulk_timeout,
+            channel_timeout=config.channel_timeout,
         )
         self.regs = BridgeRegisters(self.bridge)
         self.readiness = readiness
@@ -108,13 +118,19 @@ class GpuSession:
         self.boot_log = BootLog()
         self.interrupts: list[int] = []
         """Interrupt sources seen by the last IH scan (in :meth:`recover`)."""
-        self._copy_lock = anyio.Lock(fast_acquire=True)
-        self._compute_lock = anyio.Lock(fast_acquire=True)
+        # Taken before any bridge channel, copy before compute (recover() takes both).
+        turn = {"timeout": config.turn_timeout, "error": SignalTimeout, "layer": Layer.GPU_QUEUE}
+        self._copy_turn = Channel("the copy queue", **turn)  # type: ignore[arg-type]
+        self._compute_turn = Channel("the compute queue", **turn)  # type: ignore[arg-type]
         self._buffers: set[Buffer] = set()
         self._mappings: set[HostMapping] = set()
         self._next_value = 1
         self._epoch = 0
         """Bumped by every recover(): kernels submitted before it are lost."""
+        self._completed_at: dict[int, int] = {}
+        """Per epoch: the timeline value the device had reached when that recovery began."""
+        self._lingering: dict[int, Work] = {}
+        """Kernels whose wait ended without their completion, by timeline value."""
         self._closed = False
 
     # -- open and boot -------------------------------------------------------------------------
@@ -243,7 +259,7 @@ class GpuSession:
         """A firmware component's image, staged in bridge SRAM for the PSP bootloader."""
         image = bytearray(0x4000)
         image[:4] = component.to_bytes(4, "little")
-        async with self.bridge.out_pipe.hold("a firmware image", timeout=self.config.bulk_timeout):
+        async with self.bridge.out_pipe.hold("a firmware image"):
             await self.bridge.arm_sram(read=False, slot=0, length=len(image))
             await self.usb.bulk_out(EP_BULK_OUT, image, timeout=self.config.bulk_timeout)
         return SRAM_PCIE
@@ -269,13 +285,14 @@ class GpuSession:
         times out the buffer stays allocated)."""
         if buffer not in self._buffers:
             raise ValueError(f"{buffer} is not a live buffer of this session (freed twice?)")
-        try:
-            async with self.tracker.ordered(
-                "host", "free", writes=[buffer.span], timeout=self.config.kernel_timeout
-            ):
-                pass
-        except DependencyFailed:
-            pass  # the work that used it failed; it is over all the same
+        async with self.tracker.ordered(
+            "host",
+            "free",
+            writes=[buffer.span],
+            timeout=self.config.turn_timeout,
+            tolerate_failures=True,  # work that used it and failed is over all the same
+        ):
+            pass
         self._buffers.discard(buffer)
         await buffer.owner.release()
 
@@ -307,9 +324,9 @@ class GpuSession:
             "copy",
             f"copy-in {size} bytes",
             writes=[(start, start + size)],
-            timeout=self.config.kernel_timeout,
+            timeout=self.config.turn_timeout,
         ):
-            async with self._copy_lock:
+            async with self._copy_turn.hold(f"copy-in of {size} bytes"):
                 await self.copy.copy_in(start, data)
 
     async def copy_out(
@@ -323,9 +340,9 @@ class GpuSession:
             "copy",
             f"copy-out {size} bytes",
             reads=[(start, start + size)],
-            timeout=self.config.kernel_timeout,
+            timeout=self.config.turn_timeout,
         ):
-            async with self._copy_lock:
+            async with self._copy_turn.hold(f"copy-out of {size} bytes"):
                 return await self.copy.copy_out(start, size, out)
 
     @staticmethod
@@ -346,48 +363,56 @@ class GpuSession:
         writes: Sequence[Buffer] = (),
         timeout: float | None = None,
     ) -> int:
-        """Dispatch ``kernel`` and await its timeline value (returned)."""
+        """Dispatch ``kernel`` and await its timeline value (returned), within ``timeout``
+        (default ``kernel_timeout``) of its submission. A kernel whose wait ends without its
+        completion keeps its buffers reserved (it may still run) until the device is done with
+        it or :meth:`recover` resets the queue."""
         self._check_open()
         words = [a.address if isinstance(a, Buffer) else a for a in args]
+        limit = self.config.kernel_timeout if timeout is None else timeout
+        epoch = self._epoch
+        name = f"kernel {kernel}"
         async with self.tracker.ordered(
             "compute",
-            f"kernel {kernel}",
+            name,
             reads=[b.span for b in reads],
             writes=[b.span for b in writes],
-            timeout=self.config.kernel_timeout,
-        ):
-            async with self._compute_lock:
-                value, epoch = self._next_value, self._epoch
-                self._next_value += 1
+            timeout=self.config.turn_timeout,
+        ) as work:
+            async with self._compute_turn.hold(name):
+                if self._epoch != epoch:
+                    raise GpuFault(f"{name} was lost to a device recovery before it was submitted")
+                value = self._next_value
                 packets = Packets().dispatch(kernel, words)
                 packets.release(self.status + hw.STATUS_TIMELINE, value)
-                await self.compute.submit(packets)
-            await self.wait_timeline(value, timeout=timeout)
-            if self._epoch != epoch:  # the timeline was rewound past it: it never ran
-                raise GpuFault(
-                    f"kernel {kernel} (timeline {value}) was lost to a device recovery",
-                    awaited=f"compute timeline >= {value}",
-                )
+                await self.compute.submit(packets, timeout=limit)
+                self._next_value += 1
+            try:
+                await self._wait_timeline(value, limit, epoch)
+            except BaseException:
+                work.lingering = True  # it may still run: its bytes stay reserved
+                self._lingering[value] = work
+                raise
         return value
 
-    async def wait_timeline(self, value: int, *, timeout: float | None = None) -> None:
+    async def _wait_timeline(self, value: int, timeout: float, epoch: int) -> None:
         """Await the compute timeline reaching ``value`` (32-bit compare, as the GPU writes it);
-        :class:`GpuFault` as soon as the device reports its error state."""
+        :class:`GpuFault` as soon as the device reports its error state, or if a recovery since
+        ``epoch`` reset the queue before the kernel ran."""
 
-        async def probe() -> tuple[int, int]:
-            # register-sized reads: they need no bulk pipe, which a copy may be holding
-            timeline = await self.bridge.mem_read(self.status + hw.STATUS_TIMELINE)
-            return timeline, await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
+        def finished(state: _TimelineState) -> bool:
+            return state.error != 0 or _reached(state.value, value)
 
-        _, error = await wait_until(
-            probe,
-            lambda s: s[1] != 0 or (s[0] - value) & 0xFFFF_FFFF < 0x8000_0000,
+        state: _TimelineState = await wait_until(
+            self._timeline,
+            finished,
             awaited=f"compute timeline >= {value}",
             error=SignalTimeout,
             layer=Layer.GPU_QUEUE,
-            timeout=self.config.kernel_timeout if timeout is None else timeout,
+            timeout=timeout,
             expected=value,
         )
+        timeline, error = state
         if error:
             self.readiness.mark_down(
                 ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{error:x}"
@@ -397,25 +422,44 @@ class GpuSession:
                 source=error,
                 awaited=f"compute timeline >= {value}",
             )
+        for later in range(epoch + 1, self._epoch + 1):
+            if not _reached(self._completed_at[later], value):
+                raise GpuFault(
+                    f"the kernel of timeline {value} was lost to a device recovery",
+                    awaited=f"compute timeline >= {value}",
+                )
+        for ended in [v for v in self._lingering if _reached(timeline, v)]:
+            self.tracker.finish(self._lingering.pop(ended))  # the device has finished them
+
+    async def _timeline(self) -> _TimelineState:
+        # register-sized reads: they need no bulk pipe, which a copy may be holding
+        value = await self.bridge.mem_read(self.status + hw.STATUS_TIMELINE)
+        return _TimelineState(value, await self.bridge.mem_read(self.status + hw.STATUS_ERROR))
 
     # -- recovery and close --------------------------------------------------------------------
 
     async def recover(self) -> list[int]:
         """Reset every queue (copy engine included), rewind the timeline, clear the error state.
-        Returns the interrupt sources found in the IH ring. Kernels in flight are lost: their
-        waiters fail with :class:`GpuFault` ("lost to a device recovery"), never see success."""
+        Returns the interrupt sources found in the IH ring. Kernels that had not completed are
+        lost: their waiters fail with :class:`GpuFault` ("lost to a device recovery"), and so do
+        submissions still waiting for their turn; kernels that had completed stand."""
         self._check_open()
         regs = self.regs
-        self.interrupts = await self._scan_interrupts()
-        async with self._compute_lock:
-            self._epoch += 1
+        self._epoch += 1  # submissions waiting for their turn now fail at once
+        async with self._copy_turn.hold("recover"), self._compute_turn.hold("recover"):
+            self.interrupts = await self._scan_interrupts()
+            completed = await self.bridge.mem_read(self.status + hw.STATUS_TIMELINE)
+            self._completed_at[self._epoch] = completed
             await self.compute.reset()
+            for work in self._lingering.values():  # the queue no longer holds them
+                self.tracker.finish(work)
+            self._lingering.clear()
             await regs.write(hw.IH_CNTL // 4, 2)  # clear the error state
             await regs.write(hw.VM_FAULT_STATUS // 4, 0)
             timeline = (self._next_value - 1) & 0xFFFF_FFFF
             await self.bridge.mem_write(self.status + hw.STATUS_TIMELINE, timeline)
             await self.bridge.mem_write(self.status + hw.STATUS_ERROR, 0)
-        await self.copy.restore()
+            await self.copy.restore()
         self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
         _log.info("gpu recovered", interrupts=[hex(i) for i in self.interrupts])
         return self.interrupts
@@ -451,6 +495,9 @@ class GpuSession:
                     await self.regs.write(hw.SCRATCH_REG6 // 4, error)
                 except RuntimeFault as exc:
                     _log.warning("gpu close could not record a clean end", error=str(exc))
+            for work in self._lingering.values():  # the queues are stopped
+                self.tracker.finish(work)
+            self._lingering.clear()
             for buffer in list(self._buffers):  # the queues are stopped: nothing uses them now
                 self._buffers.discard(buffer)
                 await buffer.owner.release()
@@ -469,3 +516,16 @@ class GpuSession:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+class _TimelineState(NamedTuple):
+    value: int
+    error: int
+
+    def __repr__(self) -> str:
+        return f"timeline {self.value}" + (f", error state 0x{self.error:x}" if self.error else "")
+
+
+def _reached(timeline: int, value: int) -> bool:
+    """Whether a 32-bit timeline (as the GPU writes it) has reached ``value``."""
+    return (timeline - value) & 0xFFFF_FFFF < 0x8000_0000

@@ -67,6 +67,8 @@ class QueueEngine:
         self.halted = False
         self.executed = 0
         """Packets executed since the last reset (for tests)."""
+        self.generation = 0
+        """Counts resets: a wait that returns into an older generation does nothing more."""
         self._wake = anyio.Event()
         self._scope: anyio.CancelScope | None = None
 
@@ -100,7 +102,10 @@ class QueueEngine:
             self.poke()
 
     def reset(self) -> None:
-        """Stop at once, forget the ring's contents (pointers to 0) and any halt."""
+        """Stop at once, forget the ring's contents (pointers to 0) and any halt. Work the
+        engine was about to resume (woken in the same instant) is dropped too: it checks the
+        reset generation after every wait."""
+        self.generation += 1
         if self._scope is not None:
             self._scope.cancel()
         self.wptr = self.rptr = 0
@@ -136,11 +141,14 @@ class QueueEngine:
                 await self._sleep()  # the rest of the packet is not written yet
                 continue
             words = self._dwords(self.rptr, length)
+            generation = self.generation
             try:
                 await self.execute(words)
             except (LookupError, ValueError) as exc:  # an address nothing claims, a bad field
                 self.gpu.interrupt(hw.Interrupt.UTCL2_FAULT, f"{self.name}: {exc}")
                 raise _Halt(str(exc)) from exc
+            if generation != self.generation:
+                return  # reset meanwhile: that packet belonged to a ring that is gone
             self.rptr = (self.rptr + 4 * length) & _MASK
             self.executed += 1
 
@@ -217,12 +225,14 @@ class CopyEngine(QueueEngine):
                 self._watchdog()
             on_sram = SRAM_PCIE <= address < SRAM_PCIE + SRAM_SIZE
             limit = self.watchdog_ms / 1000 if self.watchdog_ms else math.inf
+            generation = self.generation
             with anyio.move_on_after(limit):
                 if on_sram and plan.check(Fault.SENTINEL_NEVER_CONSUMED):
                     await anyio.sleep_forever()  # the engine never sees this sentinel
                 await self.poll(address, value, mask, words[0] >> 8)
                 return
-            self._watchdog()
+            if generation == self.generation:  # not reset in the same instant
+                self._watchdog()
         elif op is hw.Sdma.COPY:
             source, target, size = _u64(words[1], words[2]), _u64(words[3], words[4]), words[5]
             self.gpu.write(target, self.gpu.read(source, size))
@@ -283,7 +293,10 @@ class ComputeQueue(QueueEngine):
             self.gpu.interrupt(hw.Interrupt.SQ_ERROR)
             raise _Halt(f"no kernel {kernel_id}")
         if kernel.duration > 0:
+            generation = self.generation
             await anyio.sleep(kernel.duration)
+            if generation != self.generation:
+                return  # the queue was reset while the kernel ran: it never finishes
         try:
             kernel.fn(self.gpu, *args)
         except Exception as exc:
