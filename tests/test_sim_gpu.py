@@ -7,7 +7,7 @@ import struct
 import anyio
 import anyio.lowlevel
 import pytest
-from gpu_sim import ADD_ONE, device
+from gpu_sim import ADD_ONE, SLOW, SLOW_ADD_ONE, device
 
 from aio_runtime import now
 from aio_runtime.testing import virtual_time
@@ -130,3 +130,18 @@ async def test_power_off_takes_everything_down():
         assert gpu.read_register(hw.SCRATCH_REG7) == 0
         assert not gpu.smu.loaded
         assert bytes(gpu.read(hw.VRAM_BASE, 4)) == bytes(4)
+
+
+async def test_a_queue_reset_in_the_instant_a_kernel_finishes_drops_it():
+    async with virtual_time(), device() as sim:
+        gpu = sim.gpu
+        buffer = hw.VRAM_BASE + 0x20000
+        timeline = gpu.status_address + hw.STATUS_TIMELINE
+        packets = Packets().dispatch(SLOW_ADD_ONE, [buffer, buffer, 4]).release(timeline, 1)
+        program(gpu, hw.COMPUTE, packets)
+        await anyio.sleep(SLOW)  # the same instant the kernel's timer fires
+        gpu.write_register(hw.COMPUTE + hw.RB_CNTL, hw.CNTL_RESET | hw.CNTL_ENABLE)
+        await anyio.sleep(0.01)
+        assert (gpu.compute.rptr, gpu.compute.wptr, gpu.compute.executed) == (0, 0, 0)
+        assert bytes(gpu.read(buffer, 4)) == bytes(4) and u32(gpu, timeline) == 0
+        assert not gpu.compute.halted and gpu.error == 0
