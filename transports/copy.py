@@ -309,9 +309,10 @@ class CopyProtocol:
                 wire = -(-size // SECTOR) * SECTOR + (SECTOR if size > CHUNK else 0)
                 data = await self._receive(wire, n)
                 base = n * 2 * CHUNK
-                target[base : base + first] = data[:first]
+                wire_image = memoryview(data)  # slices of it are views: one copy per part
+                target[base : base + first] = wire_image[:first]
                 if size > CHUNK:
-                    target[base + first : base + size] = data[HALF : HALF + size - CHUNK]
+                    target[base + first : base + size] = wire_image[HALF : HALF + size - CHUNK]
             await self._drained(len(sizes), f"copy-out of {len(target)} bytes")
 
     async def _receive(self, wire: int, n: int) -> bytes:

@@ -384,7 +384,7 @@ class SimBridge:
             if not arm.released:
                 return False  # the GPU's write to the cq page releases it
             self._arms.popleft()
-            data = bytes(self.sram[arm.offset : arm.offset + arm.length])
+            data = bytes(memoryview(self.sram)[arm.offset : arm.offset + arm.length])
         else:
             raise _Refused("bulk IN with no armed SRAM read or stream read")
         data = data[: _short(self._cuts.pop(urb, None), len(data))]
