@@ -27,6 +27,13 @@ Prints a table, then one JSON line.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# benchmarks/copy.py sits beside this file: keep this folder off the import path so that it does
+# not stand in for the standard library's ``copy`` module when this runs as a script.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 import argparse
 import asyncio
 import json
