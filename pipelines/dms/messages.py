@@ -1,0 +1,129 @@
+"""The published message: openpilot's ``driverStateV2`` plus what openpilot lacks.
+
+Field names follow openpilot's schema (spec dms-contract §1.8, camelCase): ``frameId``,
+``modelExecutionTime``, ``gpuExecutionTime``, ``wheelOnRightProb``, ``leftDriverData``,
+``rightDriverData`` (each ``faceOrientation``, ``faceOrientationStd``, ``facePosition``,
+``facePositionStd``, ``faceProb``, ``leftEyeProb``, ``rightEyeProb``, ``leftBlinkProb``,
+``rightBlinkProb``, ``sunglassesProb``, ``phoneProb``, ``sleepProb``) and ``rawPredictions`` (only
+when enabled: base64 of the little-endian float32 output). Added here:
+
+- ``seq``: a sequence number per publisher, from 0, so a subscriber sees what it missed;
+- ``timestampSof`` / ``timestampEof``: the frame's start/end-of-frame times (ns, camera clock);
+- ``frameAge``: seconds from start of frame to publication;
+- ``availability`` (``available`` / ``degraded`` / ``unavailable``) and ``reason``;
+- ``readiness``: the five readiness layers (device online, firmware ready, queue submittable,
+  task complete, output valid), each true or false;
+- ``valid``: true only when the frame was fresh, the calibration valid, the output valid and the
+  service available. openpilot always sets ``valid`` true; here it is honest. An invalid message
+  still says why (``reason``) and carries no driver data when there was no trustworthy output.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DRIVER_FIELDS", "READINESS_LAYERS", "DriverStateV2"]
+
+DRIVER_FIELDS = (
+    "faceOrientation",
+    "faceOrientationStd",
+    "facePosition",
+    "facePositionStd",
+    "faceProb",
+    "leftEyeProb",
+    "rightEyeProb",
+    "leftBlinkProb",
+    "rightBlinkProb",
+    "sunglassesProb",
+    "phoneProb",
+    "sleepProb",
+)
+"""The fields of openpilot's ``DriverData``, in schema order."""
+
+READINESS_LAYERS = (
+    "deviceOnline",
+    "firmwareReady",
+    "queueSubmittable",
+    "taskComplete",
+    "outputValid",
+)
+
+
+@dataclass(frozen=True)
+class DriverStateV2:
+    """One frame's outcome, as published."""
+
+    seq: int
+    frame_id: int
+    timestamp_sof: int
+    timestamp_eof: int
+    frame_age: float
+    availability: str
+    reason: str
+    valid: bool
+    readiness: Mapping[str, bool]
+    model_execution_time: float = 0.0
+    gpu_execution_time: float = 0.0
+    wheel_on_right_prob: float | None = None
+    left_driver_data: Mapping[str, Any] | None = None
+    right_driver_data: Mapping[str, Any] | None = None
+    raw_predictions: bytes | None = field(default=None, repr=False)
+    """The model's flat float32 output (little-endian), only when raw predictions are enabled."""
+
+    def __post_init__(self) -> None:
+        if self.availability not in ("available", "degraded", "unavailable"):
+            raise ValueError(
+                f"availability must be available, degraded or unavailable, got {self.availability!r}"
+            )
+        missing = [name for name in READINESS_LAYERS if name not in self.readiness]
+        if missing:
+            raise ValueError(f"readiness lacks the layers {missing}")
+        for side in (self.left_driver_data, self.right_driver_data):
+            if side is not None and set(side) != set(DRIVER_FIELDS):
+                raise ValueError(
+                    f"driver data must have exactly the fields {list(DRIVER_FIELDS)}, "
+                    f"got {sorted(side)}"
+                )
+        if self.valid and (self.left_driver_data is None or self.right_driver_data is None):
+            raise ValueError("a valid message carries driver data for both sides")
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON record (camelCase), the same for every sink."""
+        record: dict[str, Any] = {
+            "seq": self.seq,
+            "frameId": self.frame_id,
+            "timestampSof": self.timestamp_sof,
+            "timestampEof": self.timestamp_eof,
+            "frameAge": self.frame_age,
+            "valid": self.valid,
+            "availability": self.availability,
+            "reason": self.reason,
+            "readiness": {name: bool(self.readiness[name]) for name in READINESS_LAYERS},
+            "modelExecutionTime": self.model_execution_time,
+            "gpuExecutionTime": self.gpu_execution_time,
+            "wheelOnRightProb": self.wheel_on_right_prob,
+            "leftDriverData": _driver(self.left_driver_data),
+            "rightDriverData": _driver(self.right_driver_data),
+        }
+        if self.raw_predictions is not None:
+            record["rawPredictions"] = base64.b64encode(self.raw_predictions).decode("ascii")
+        return record
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_record(), separators=(",", ":"), allow_nan=False)
+
+
+def _driver(data: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    out: dict[str, Any] = {}
+    for name in DRIVER_FIELDS:
+        value = data[name]
+        out[name] = float(value) if np.ndim(value) == 0 else [float(v) for v in value]
+    return out
