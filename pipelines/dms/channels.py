@@ -1,0 +1,106 @@
+"""Joining the service's stages: latest-frame-wins slots, and the frame accounting rule.
+
+A :class:`LatestSlot` holds at most one item between two stages. A stage that produces faster
+than the next consumes replaces the waiting item with the newer one; the replaced item is *dropped*
+and handed to ``on_drop`` so it is counted — never lost silently (design C7). Putting never
+blocks, so a slow stage never holds up the camera, and a frame never waits behind a stale one.
+
+:class:`FrameAccounting` keeps the rule that every frame that reaches the service ends as exactly
+one of: published valid, published invalid (with a reason), or dropped (counted, by stage).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import anyio
+
+__all__ = ["FrameAccounting", "LatestSlot", "SlotClosed"]
+
+T = TypeVar("T")
+
+
+class SlotClosed(Exception):
+    """The producer closed the slot and nothing is left in it."""
+
+
+class LatestSlot(Generic[T]):
+    def __init__(self, name: str, on_drop: Callable[[T], object]) -> None:
+        self.name = name
+        self._on_drop = on_drop
+        self._item: T | None = None
+        self._full = False
+        self._closed = False
+        self._wake = anyio.Event()
+
+    def put(self, item: T) -> None:
+        """Offer ``item``; one already waiting is dropped (``on_drop``) in its favour."""
+        if self._closed:
+            raise SlotClosed(f"{self.name}: closed")
+        if self._full:
+            self._on_drop(self._item)  # type: ignore[arg-type]
+        self._item, self._full = item, True
+        self._wake.set()
+
+    async def get(self) -> T:
+        """The waiting item, or wait for one; :class:`SlotClosed` once closed and empty."""
+        while not self._full:
+            if self._closed:
+                raise SlotClosed(f"{self.name}: closed")
+            self._wake = anyio.Event()
+            await self._wake.wait()
+        item = self._item
+        self._item, self._full = None, False
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """No more items; a consumer still gets the one waiting, then :class:`SlotClosed`."""
+        self._closed = True
+        self._wake.set()
+
+    def drain(self) -> T | None:
+        """Take the waiting item without waiting (at shutdown: so it can be counted)."""
+        item, self._item, self._full = self._item, None, False
+        return item
+
+
+@dataclass
+class FrameAccounting:
+    """Counts of how frames ended. ``received == valid + invalid + dropped + in_flight``."""
+
+    received: int = 0
+    valid: int = 0
+    invalid: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def receive(self) -> None:
+        self.received += 1
+
+    def published(self, valid: bool, reason: str = "") -> None:
+        if valid:
+            self.valid += 1
+        else:
+            self.invalid[reason or "unspecified"] += 1
+
+    def drop(self, stage: str) -> None:
+        self.dropped[stage] += 1
+
+    @property
+    def ended(self) -> int:
+        return self.valid + sum(self.invalid.values()) + sum(self.dropped.values())
+
+    @property
+    def in_flight(self) -> int:
+        return self.received - self.ended
+
+    def check(self, in_flight: int = 0) -> None:
+        """Raise if frames were lost or counted twice (``in_flight`` still inside the service)."""
+        if self.in_flight != in_flight:
+            raise AssertionError(
+                f"frame accounting: {self.received} received, {self.valid} valid, "
+                f"{sum(self.invalid.values())} invalid, {sum(self.dropped.values())} dropped: "
+                f"{self.in_flight} unaccounted, expected {in_flight}"
+            )
