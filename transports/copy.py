@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import anyio
 
@@ -63,7 +64,16 @@ from .hwdefs import (
 )
 from .usb import UsbTransfer
 
-__all__ = ["CHUNK", "HALF", "MAX_BATCH", "SLOT", "CopyProtocol", "GpuFault", "sentinel"]
+__all__ = [
+    "CHUNK",
+    "HALF",
+    "MAX_BATCH",
+    "SLOT",
+    "CopyProtocol",
+    "CopyStatistics",
+    "GpuFault",
+    "sentinel",
+]
 
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
@@ -82,6 +92,18 @@ def _reached(fence: int, count: int) -> bool:
 
 def _wire_in(size: int) -> int:
     return -(-(size + SECTOR) // SLOT) * SLOT
+
+
+@dataclass
+class CopyStatistics:
+    """What crossed the protocol, counted when the GPU had it (copy-in) or the host did
+    (copy-out)."""
+
+    bytes_in: int = 0
+    chunks_in: int = 0
+    bytes_out: int = 0
+    chunks_out: int = 0
+    restores: int = 0
 
 
 class CopyProtocol:
@@ -109,6 +131,7 @@ class CopyProtocol:
         self.status = status
         self.bulk_timeout = bulk_timeout
         self.fence_timeout = fence_timeout
+        self.stats = CopyStatistics()
         self._staging = bytearray(2 * HALF)
         self._dirty = True
         self._fence_seen = 0
@@ -134,6 +157,7 @@ class CopyProtocol:
             await bridge.write_xdata(FENCE_XDATA, b"\0")
             self._fence_seen = 0
         self._dirty = False
+        self.stats.restores += 1
 
     async def _stop(self) -> None:
         """A batch failed or was cancelled: stop the copy engine now (its program would otherwise
@@ -231,6 +255,8 @@ class CopyProtocol:
                     while in_flight:  # oldest first, as the pipe serves them
                         await in_flight.popleft()[1].cancel()
             await self._drained(len(sizes), f"copy-in of {len(view)} bytes")
+        self.stats.bytes_in += len(view)
+        self.stats.chunks_in += len(sizes)
 
     async def _send_chunks(
         self, view: memoryview, sizes: list[int], in_flight: deque[tuple[int, UsbTransfer[None]]]
@@ -314,6 +340,8 @@ class CopyProtocol:
                 if size > CHUNK:
                     target[base + first : base + size] = wire_image[HALF : HALF + size - CHUNK]
             await self._drained(len(sizes), f"copy-out of {len(target)} bytes")
+        self.stats.bytes_out += len(target)
+        self.stats.chunks_out += len(sizes)
 
     async def _receive(self, wire: int, n: int) -> bytes:
         """Arm the SRAM read, let the GPU go, receive the chunk."""

@@ -16,6 +16,7 @@ dispatch faults: a UTCL2 interrupt puts the device in its error state).
 
 from __future__ import annotations
 
+import inspect
 import math
 import struct
 from collections.abc import Callable
@@ -37,7 +38,8 @@ __all__ = ["ComputeQueue", "CopyEngine", "Kernel", "QueueEngine"]
 @dataclass
 class Kernel:
     """A registered compute kernel: ``fn(gpu, *args)`` over VRAM (see :meth:`SimGpu.view`), taking
-    ``duration`` seconds of simulated time."""
+    ``duration`` seconds of simulated time. ``fn`` may return an awaitable (work that takes real
+    time off the loop, such as a model run in a worker thread); the queue waits for it."""
 
     fn: Callable[..., object]
     duration: float = 0.0
@@ -297,8 +299,12 @@ class ComputeQueue(QueueEngine):
             await anyio.sleep(kernel.duration)
             if generation != self.generation:
                 return  # the queue was reset while the kernel ran: it never finishes
+        generation = self.generation
         try:
-            kernel.fn(self.gpu, *args)
+            result = kernel.fn(self.gpu, *args)
+            if inspect.isawaitable(result):  # a kernel that takes real time (a model run)
+                await result
         except Exception as exc:
-            self.gpu.interrupt(hw.Interrupt.SQ_ERROR, detail=repr(exc))
-            raise _Halt(f"kernel {kernel_id} failed") from exc
+            if generation == self.generation:
+                self.gpu.interrupt(hw.Interrupt.SQ_ERROR, detail=repr(exc))
+                raise _Halt(f"kernel {kernel_id} failed") from exc
