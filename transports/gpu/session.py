@@ -13,7 +13,7 @@ over the byte ranges it touches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -362,11 +362,13 @@ class GpuSession:
         reads: Sequence[Buffer] = (),
         writes: Sequence[Buffer] = (),
         timeout: float | None = None,
+        on_submitted: Callable[[], object] | None = None,
     ) -> int:
         """Dispatch ``kernel`` and await its timeline value (returned), within ``timeout``
-        (default ``kernel_timeout``) of its submission. A kernel whose wait ends without its
-        completion keeps its buffers reserved (it may still run) until the device is done with
-        it or :meth:`recover` resets the queue."""
+        (default ``kernel_timeout``) of its submission; ``on_submitted()`` is called once the
+        doorbell has rung. A kernel whose wait ends without its completion keeps its buffers
+        reserved (it may still run) until the device is done with it or :meth:`recover` resets
+        the queue."""
         self._check_open()
         words = [a.address if isinstance(a, Buffer) else a for a in args]
         limit = self.config.kernel_timeout if timeout is None else timeout
@@ -387,6 +389,8 @@ class GpuSession:
                 packets.release(self.status + hw.STATUS_TIMELINE, value)
                 await self.compute.submit(packets, timeout=limit)
                 self._next_value += 1
+            if on_submitted is not None:
+                on_submitted()
             try:
                 await self._wait_timeline(value, limit, epoch)
             except BaseException:
