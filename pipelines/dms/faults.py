@@ -1,0 +1,75 @@
+"""Scripted faults for the service (``aio-dms run --faults SPEC``).
+
+``SPEC`` is a comma-separated list of ``NAME@FRAME[+FRAMES]``: fault ``NAME`` starts when frame
+number ``FRAME`` (counted from 0 as frames reach the service) arrives and lasts ``FRAMES`` frames
+(default 1). Example: ``gpu-hang@40+20,camera-stall@100+10``.
+
+=================  ==========================================================================
+``gpu-hang``       the accelerator's compute kernel never finishes (simulated device)
+``usb-timeout``    USB transfers to the accelerator are never answered
+``usb-disconnect`` the accelerator's USB bridge leaves the bus (and returns when the fault ends)
+``fence-stall``    the copy engine never sees a copy-in chunk: the chunk fence stalls
+``smu-timeout``    the SMU firmware never answers (it shows when the session reboots)
+``camera-stall``   the camera delivers no frames
+``nan-output``     the model's output is NaN
+=================  ==========================================================================
+
+The accelerator faults need ``--device sim``; with ``--device cpu`` they are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from transports.sim import Fault
+
+__all__ = ["DEVICE_FAULTS", "FAULT_NAMES", "FaultSpec", "parse_faults"]
+
+DEVICE_FAULTS: dict[str, Fault] = {
+    "gpu-hang": Fault.KERNEL_HANG,
+    "usb-timeout": Fault.USB_TIMEOUT,
+    "usb-disconnect": Fault.DISCONNECT,
+    "fence-stall": Fault.SENTINEL_NEVER_CONSUMED,
+    "smu-timeout": Fault.SMU_NO_RESPONSE,
+}
+"""Faults of the simulated accelerator, as the simulator's fault kinds."""
+SERVICE_FAULTS = ("camera-stall", "nan-output")
+FAULT_NAMES = (*DEVICE_FAULTS, *SERVICE_FAULTS)
+
+_ITEM = re.compile(r"^(?P<name>[a-z-]+)@(?P<start>\d+)(?:\+(?P<frames>\d+))?$")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    name: str
+    start: int
+    frames: int = 1
+
+    def active(self, frame: int) -> bool:
+        return self.start <= frame < self.start + self.frames
+
+    @property
+    def device(self) -> Fault | None:
+        return DEVICE_FAULTS.get(self.name)
+
+
+def parse_faults(spec: str) -> list[FaultSpec]:
+    """Parse ``NAME@FRAME[+FRAMES],...``; a clear :class:`ValueError` for anything else."""
+    faults = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        match = _ITEM.match(item)
+        if match is None:
+            raise ValueError(
+                f"fault {item!r}: expected NAME@FRAME or NAME@FRAME+FRAMES, e.g. gpu-hang@40+20"
+            )
+        name = match["name"]
+        if name not in FAULT_NAMES:
+            raise ValueError(
+                f"fault {item!r}: unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}"
+            )
+        frames = int(match["frames"]) if match["frames"] is not None else 1
+        if frames < 1:
+            raise ValueError(f"fault {item!r}: it must last at least one frame")
+        faults.append(FaultSpec(name, int(match["start"]), frames))
+    return faults
