@@ -19,6 +19,24 @@ SIMULATOR = "transports/sim/"
 SLEEP_CALLS = {"sleep", "sleep_until", "sleep_forever", "checkpoint", "cancel_shielded_checkpoint"}
 # pause() is the bounded sleep between attempts; in a loop anywhere else it is a polling loop.
 RETRY_LOOPS = {"aio_runtime/supervision.py", "aio_runtime/testing/_scripted.py"}
+# A camera source is a clock-driven producer: a frame exists once its capture period has passed,
+# so sources pace by sleeping until each frame's instant on the loop clock. That is no wait on
+# hardware (the instant is known and always reached). One function does it, with sleep_until() only.
+CAMERA_PACING = ("pipelines/dms/camera_sources.py", "wait_until_ns", "sleep_until")
+
+
+def camera_pacing_calls(path: str, tree: ast.AST) -> set[ast.Call]:
+    """The sleep_until() calls inside the camera's pacing function (the one allowed sleep)."""
+    module, function, allowed = CAMERA_PACING
+    if path != module:
+        return set()
+    return {
+        call
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AsyncFunctionDef) and node.name == function
+        for call in ast.walk(node)
+        if isinstance(call, ast.Call) and call_name(call) == allowed
+    }
 
 
 def sources(package: str):
@@ -68,9 +86,15 @@ def stray_waits(path: str, tree: ast.AST) -> list[str]:
     found = []
     if path in WAIT_MODULES:
         return found
+    pacing = camera_pacing_calls(path, tree)
     for node in ast.walk(tree):
         simulated = path.startswith(SIMULATOR)
-        if isinstance(node, ast.Call) and call_name(node) in SLEEP_CALLS and not simulated:
+        if (
+            isinstance(node, ast.Call)
+            and call_name(node) in SLEEP_CALLS
+            and not simulated
+            and node not in pacing
+        ):
             found.append(f"{path}:{node.lineno}: {call_name(node)}() outside the wait primitive")
         if isinstance(node, (ast.While, ast.For, ast.AsyncFor)) and path not in RETRY_LOOPS:
             if any(isinstance(n, ast.Call) and call_name(n) == "pause" for n in ast.walk(node)):
@@ -82,8 +106,9 @@ def stray_waits(path: str, tree: ast.AST) -> list[str]:
                 found.append(f"{path}:{node.lineno}: a while loop polling a call")
         if isinstance(node, ast.AsyncFunctionDef):
             for loop in ast.walk(node):
+                # an async generator's yield hands control to its consumer: that suspends too
                 if isinstance(loop, ast.While) and not any(
-                    isinstance(n, ast.Await) for n in ast.walk(loop)
+                    isinstance(n, (ast.Await, ast.Yield)) for n in ast.walk(loop)
                 ):
                     found.append(f"{path}:{loop.lineno}: a loop in a coroutine that never awaits")
     return sorted(set(found))
@@ -113,6 +138,18 @@ def test_every_wait_goes_through_the_primitive():
 )
 def test_the_scan_catches_polling_and_sleep_loops(snippet):
     assert stray_waits("pipelines/x.py", ast.parse(snippet))
+
+
+def test_the_camera_may_pace_with_sleep_until_in_its_pacing_function_only():
+    path = CAMERA_PACING[0]
+    allowed = "async def wait_until_ns(t):\n    await anyio.sleep_until(t)\n"
+    assert not stray_waits(path, ast.parse(allowed))
+    for snippet in (
+        "async def wait_until_ns(t):\n    await anyio.sleep(t)\n",
+        "async def elsewhere(t):\n    await anyio.sleep_until(t)\n",
+    ):
+        assert stray_waits(path, ast.parse(snippet))
+    assert stray_waits("pipelines/dms/other.py", ast.parse(allowed))
 
 
 def test_public_api_lists_only_what_exists_and_exports_every_public_name():
