@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -10,9 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -33,6 +42,50 @@ def test_cli_without_a_command_is_a_usage_error():
     result = run("-m", "pipelines.cli")
     assert result.returncode == 2
     assert "usage: aio-dms" in result.stderr
+
+
+def test_model_info_prints_the_reference_models_contract_as_json(tmp_path):
+    result = run("-m", "pipelines.cli", "model-info", env={"AIO_DMS_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["inputs"] == [
+        {"name": "input_img", "shape": [1, 1382400], "dtype": "uint8"},
+        {"name": "calib", "shape": [1, 3], "dtype": "float32"},
+    ]
+    assert info["output"] == {
+        "name": "outputs",
+        "shape": [1, 553],
+        "dtype": "float32",
+        "length": 553,
+    }
+    assert info["output_slices"]["face_descs_lhd"] == [0, 12]
+    assert info["output_slices"]["wheel_on_right"] == [40, 41]
+    assert info["output_slices"]["features"] == [41, 553]
+    assert "untrained" in info["model_checkpoint"]
+    assert Path(info["path"]).parent == tmp_path  # built into the cache folder
+
+
+def test_model_info_reads_a_model_by_path_and_explains_a_mismatch(tmp_path):
+    from onnx import TensorProto, helper
+
+    from pipelines.dms.reference_model import build_reference_model, write_model
+
+    good = write_model(build_reference_model(seed=5), tmp_path / "seed5.onnx")
+    result = run("-m", "pipelines.cli", "model-info", "--model", str(good))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["path"] == str(good)
+
+    model = build_reference_model()
+    model.graph.input[1].CopyFrom(helper.make_tensor_value_info("calib", TensorProto.FLOAT, [1, 4]))
+    bad = write_model(model, tmp_path / "bad.onnx")
+    result = run("-m", "pipelines.cli", "model-info", "--model", str(bad))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "model input 'calib' (1, 4) float32; expected 'calib' (1, 3) float32" in result.stderr
+
+    result = run("-m", "pipelines.cli", "model-info", "--model", str(tmp_path / "missing.onnx"))
+    assert result.returncode == 1
+    assert "No such file" in result.stderr
 
 
 def readme_example(index: int = 0) -> str:
