@@ -33,6 +33,7 @@ test: setup
 bench: setup
 	$(PY) -m benchmarks.waits
 	$(PY) -m benchmarks.copy
+	$(PY) -m benchmarks.warp
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks
