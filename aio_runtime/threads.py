@@ -59,14 +59,16 @@ async def run_in_thread(
     worker = ledger.open("worker thread", awaited)
 
     def work() -> None:
+        # The call has let go of its buffers once it returns: the ledger says so before the
+        # waiting task can see the outcome.
         try:
             result = context.run(fn)
         except BaseException as exc:  # handed to the waiting task, not lost on the thread
+            ledger.close(worker)
             setter.set_exception(exc)
         else:
-            setter.set_result(result)
-        finally:
             ledger.close(worker)
+            setter.set_result(result)
 
     threading.Thread(target=work, name=f"worker: {awaited}", daemon=True).start()
     return await wait_complete(
