@@ -1,0 +1,289 @@
+"""Running a DMS model: onnxruntime on the CPU, on a worker thread, under the frame's bound.
+
+:class:`OnnxRunner` loads a model whose contract checks out (:func:`~pipelines.dms.model.load_contract`)
+and runs it with :meth:`OnnxRunner.run`:
+
+* The session runs on a worker thread (:func:`aio_runtime.run_in_thread`); onnxruntime releases the
+  GIL, so the event loop stays free.
+* Every run is bounded: by its ``timeout`` (:class:`~aio_runtime.ModelTimeout`) and by an enclosing
+  ``deadline_scope`` such as a frame's (:class:`~aio_runtime.BudgetExhausted`). When the bound is
+  reached the run is asked to stop — ``RunOptions.terminate = True``, which onnxruntime checks
+  between nodes — and the thread is awaited (shielded, at most ``drain_timeout``) before the error
+  is raised, so the runner's buffers are never reused under a run still in flight. A run that does
+  not stop in time is reported (``in_flight = True``), and the next run first waits for it, within
+  its own bound.
+* Runs never overlap: one at a time, in order of arrival; waiting for the runner counts against the
+  waiting run's bound.
+* The inputs are copied into the runner's own buffers before the run starts, and the output is
+  copied out before the next run can start: the caller may reuse its arrays as soon as ``run``
+  returns, and the returned array is the caller's.
+
+Errors: :class:`~aio_runtime.ModelTimeout` / :class:`~aio_runtime.BudgetExhausted` (overrun),
+:class:`~aio_runtime.InvalidOutput` (the output is not the length the contract says),
+:class:`ModelRunFailed` (onnxruntime reported an error), :class:`ModelInputError` (a ``ValueError``:
+wrong input shape, dtype, a calibration that is not finite) — raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort  # type: ignore[import-untyped]
+
+from aio_runtime import (
+    Completion,
+    InvalidOutput,
+    Layer,
+    ModelTimeout,
+    RuntimeFault,
+    WaitBound,
+    run_in_thread,
+    validate_timeout,
+    wait_complete,
+)
+
+from .model import (
+    CALIB,
+    CALIB_SHAPE,
+    INPUT_IMG,
+    INPUT_IMG_SHAPE,
+    ModelContract,
+    ModelContractError,
+    load_contract,
+)
+
+__all__ = [
+    "ModelInputError",
+    "ModelRunFailed",
+    "OnnxRunner",
+    "RunnerStatistics",
+]
+
+FloatArray = npt.NDArray[np.float32]
+
+
+class ModelInputError(ValueError):
+    """An input does not fit the model's contract; nothing was run."""
+
+
+class ModelRunFailed(RuntimeFault):
+    """onnxruntime reported an error for a run it was not asked to stop."""
+
+    default_layer = Layer.MODEL
+
+
+@dataclass(frozen=True)
+class RunnerStatistics:
+    """Counts since the runner was made. ``terminated``: runs onnxruntime stopped on request."""
+
+    runs: int
+    completed: int
+    timed_out: int
+    terminated: int
+    failed: int
+    invalid_output: int
+    in_flight: bool
+    """A run is still executing (one that did not stop when asked, or one in progress)."""
+
+
+class OnnxRunner:
+    """A DMS model on onnxruntime's CPU provider. Use one runner from one event loop.
+
+    ``intra_op_threads`` (default 1): threads one run may use. ``drain_timeout``: how long an
+    overrunning run is awaited after being asked to stop. Creating the session blocks for a few
+    milliseconds; :meth:`open` does it on a worker thread under a bound.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        intra_op_threads: int = 1,
+        drain_timeout: float = 1.0,
+        contract: ModelContract | None = None,
+    ) -> None:
+        if isinstance(intra_op_threads, bool) or not isinstance(intra_op_threads, int):
+            raise TypeError(f"intra_op_threads must be an int, got {intra_op_threads!r}")
+        if intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be at least 1, got {intra_op_threads}")
+        drain = validate_timeout(drain_timeout, what="drain_timeout")
+        assert drain is not None
+        self.path = Path(model)
+        self.contract = contract if contract is not None else load_contract(self.path)
+        self.intra_op_threads = intra_op_threads
+        self.drain_timeout = drain
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Idle pool threads would otherwise spin for a while after each run, taking a core from
+        # the event loop and the warp on a small machine.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self._session = ort.InferenceSession(
+                str(self.path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ModelContractError(f"onnxruntime cannot load {self.path}: {exc}") from exc
+        self._output_name = self.contract.output.name
+        self._img = np.zeros(INPUT_IMG_SHAPE, dtype=np.uint8)
+        self._calib = np.zeros(CALIB_SHAPE, dtype=np.float32)
+        self._lock: anyio.Lock | None = None  # made on the loop at the first run
+        self._previous: Completion[None] | None = None
+        self._counts = {
+            "runs": 0,
+            "completed": 0,
+            "timed_out": 0,
+            "terminated": 0,
+            "failed": 0,
+            "invalid_output": 0,
+        }
+        self._count_lock = threading.Lock()  # the terminated count is kept on the worker thread
+
+    @classmethod
+    async def open(
+        cls,
+        model: str | Path,
+        *,
+        timeout: float,
+        intra_op_threads: int = 1,
+        drain_timeout: float = 1.0,
+    ) -> OnnxRunner:
+        """Check the contract and create the session on a worker thread, bounded by ``timeout``
+        (:class:`~aio_runtime.ModelTimeout`) and any enclosing deadline scope."""
+        return await run_in_thread(
+            lambda: cls(model, intra_op_threads=intra_op_threads, drain_timeout=drain_timeout),
+            awaited=f"loading model {Path(model).name}",
+            error=ModelTimeout,
+            timeout=timeout,
+        )
+
+    def statistics(self) -> RunnerStatistics:
+        with self._count_lock:
+            counts = dict(self._counts)
+        busy = self._previous is not None and not self._previous.done()
+        return RunnerStatistics(**counts, in_flight=busy)
+
+    def _count(self, what: str) -> None:
+        with self._count_lock:
+            self._counts[what] += 1
+
+    @staticmethod
+    def _checked_inputs(
+        img: npt.ArrayLike, calib: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.uint8], FloatArray]:
+        image = np.asarray(img)
+        if image.dtype != np.uint8 or image.size != INPUT_IMG_SHAPE[1]:
+            raise ModelInputError(
+                f"{INPUT_IMG} is {image.dtype} {image.shape}; expected uint8 with "
+                f"{INPUT_IMG_SHAPE[1]} values (the 960x1440 warped luma, row-major)"
+            )
+        try:
+            vector = np.asarray(calib, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ModelInputError(f"{CALIB} is not numeric: {exc}") from exc
+        if vector.size != CALIB_SHAPE[1]:
+            raise ModelInputError(
+                f"{CALIB} has shape {vector.shape}; expected 3 values (roll, pitch, yaw)"
+            )
+        if not np.isfinite(vector).all():
+            raise ModelInputError(f"{CALIB} is {vector.reshape(-1).tolist()}; expected finite")
+        return image.reshape(INPUT_IMG_SHAPE), vector.reshape(CALIB_SHAPE)
+
+    def _checked_output(self, flat: FloatArray) -> FloatArray:
+        declared = self.contract.declared_output_length
+        needed = self.contract.slices_end
+        if (declared is not None and flat.size != declared) or flat.size < needed:
+            self._count("invalid_output")
+            expected = declared if declared is not None else f"at least {needed}"
+            raise InvalidOutput(
+                f"model output {self._output_name!r} has {flat.size} values; expected {expected}",
+                awaited=f"model run ({self.path.name})",
+            )
+        return flat
+
+    async def run(
+        self, img: npt.ArrayLike, calib: npt.ArrayLike, *, timeout: float | None = None
+    ) -> FloatArray:
+        """Run the model once; return its output, flat, as a new float32 array.
+
+        ``img``: uint8, 1382400 values (any shape, e.g. (960, 1440)); ``calib``: 3 finite numbers.
+        Bounded by ``timeout`` and any enclosing ``deadline_scope`` (at least one is required:
+        :class:`~aio_runtime.UnboundedWaitError` otherwise), including the time spent waiting for
+        an earlier run. See the module docstring for the errors.
+        """
+        image, vector = self._checked_inputs(img, calib)
+        awaited = f"model run ({self.path.name})"
+        bound = WaitBound(awaited=awaited, error=ModelTimeout, timeout=timeout)
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        try:
+            await bound.run(self._lock.acquire(), awaited="the model runner (an earlier run)")
+        except TimeoutError:
+            self._count("timed_out")
+            raise
+        try:
+            return await self._run_locked(image, vector, bound, awaited)
+        finally:
+            self._lock.release()
+
+    async def _run_locked(
+        self,
+        image: npt.NDArray[np.uint8],
+        vector: FloatArray,
+        bound: WaitBound,
+        awaited: str,
+    ) -> FloatArray:
+        try:
+            if self._previous is not None and not self._previous.done():
+                await wait_complete(
+                    self._previous, awaited="an earlier model run to stop", within=bound
+                )
+        except TimeoutError:
+            self._count("timed_out")
+            raise
+        np.copyto(self._img, image)
+        np.copyto(self._calib, vector)
+        options = ort.RunOptions()
+        finished: Completion[None] = Completion()
+        setter = finished.threadsafe_setter()
+        self._previous = finished
+        feeds = {INPUT_IMG: self._img, CALIB: self._calib}
+
+        def call() -> FloatArray:
+            try:
+                (result,) = self._session.run([self._output_name], feeds, options)
+                return np.array(result, dtype=np.float32).reshape(-1)  # a copy: the caller's
+            except Exception as exc:
+                if options.terminate:
+                    self._count("terminated")
+                    raise
+                raise ModelRunFailed(f"onnxruntime: {exc}", awaited=awaited) from exc
+            finally:
+                setter.set_result(None)
+
+        def terminate() -> None:
+            options.terminate = True
+
+        self._count("runs")
+        try:
+            flat = await run_in_thread(
+                call,
+                awaited=awaited,
+                within=bound,
+                cancel=terminate,
+                drain_timeout=self.drain_timeout,
+            )
+        except TimeoutError:
+            self._count("timed_out")
+            raise
+        except ModelRunFailed:
+            self._count("failed")
+            raise
+        self._count("completed")
+        return self._checked_output(flat)
