@@ -34,10 +34,11 @@ bench: setup
 	$(PY) -m benchmarks.waits
 	$(PY) -m benchmarks.copy
 	$(PY) -m benchmarks.warp
+	$(PY) -m benchmarks.model
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks
-	$(PY) -m mypy --strict aio_runtime transports
+	$(PY) -m mypy --strict aio_runtime transports pipelines
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
