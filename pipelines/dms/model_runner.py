@@ -207,6 +207,14 @@ class OnnxRunner:
             )
         return flat
 
+    def run_blocking(self, img: npt.ArrayLike, calib: npt.ArrayLike) -> FloatArray:
+        """One run on the calling thread, with no bound of its own: for a simulated device's
+        kernel, which runs it on a worker thread and is bounded as device work is. Do not mix
+        with :meth:`run` on one runner."""
+        image, vector = self._checked_inputs(img, calib)
+        (result,) = self._session.run([self._output_name], {INPUT_IMG: image, CALIB: vector})
+        return self._checked_output(np.array(result, dtype=np.float32).reshape(-1))
+
     async def run(
         self, img: npt.ArrayLike, calib: npt.ArrayLike, *, timeout: float | None = None
     ) -> FloatArray:

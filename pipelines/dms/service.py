@@ -1,0 +1,572 @@
+"""The DMS service: camera -> warp -> model -> decode -> publish, under per-frame deadlines.
+
+One anyio task per stage, joined by latest-frame-wins slots (at most one frame waits per stage;
+a replaced frame is dropped and counted). CPU work runs off the loop thread (the warp and the model
+in worker threads, or the model on the simulated accelerator). Each frame has a deadline — its
+start of frame plus ``budget`` — that bounds every wait made for it. Every outcome is reported to
+the availability state machine (design C6) and published: a frame ends as published valid,
+published invalid with a reason, or dropped and counted (C7).
+
+Availability: a hardware timeout or fault, a lost device, a model that cannot run, a camera that
+stops → UNAVAILABLE with the reason, at once. Stale or missing calibration, a frame over its
+budget, an isolated invalid output → DEGRADED. Back to AVAILABLE after ``recover_after`` good
+frames in a row. The accelerator session is restarted by its own task with exponential backoff,
+for as long as the service runs.
+
+Every default lives in :class:`ServiceConfig` (and the CLI sets each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+from aio_runtime import (
+    AvailabilityMachine,
+    BudgetExhausted,
+    CameraTimeout,
+    HardwareTimeout,
+    Readiness,
+    ReadinessLayer,
+    RuntimeFault,
+    deadline_scope,
+    get_logger,
+    now,
+    pause,
+    run_in_thread,
+    wait_complete,
+)
+from transports.gpu import SessionConfig
+from transports.sim import FaultPlan, FaultRule
+
+from .accelerator import SimAccelerator, simulated_device
+from .camera import Frame
+from .camera_sources import SyntheticCalibration, SyntheticCamera, clock_ns
+from .channels import FrameAccounting, LatestSlot, SlotClosed
+from .decode import decode
+from .endpoints import HealthState, Metrics, create_app, serve
+from .faults import parse_faults
+from .messages import READINESS_LAYERS, DriverStateV2
+from .model import load_contract
+from .model_runner import OnnxRunner
+from .publish import JsonLinesSink, Sink, Subscriptions, ZmqSink
+from .reference_model import reference_model_path
+from .warp import MODEL_INPUT_SIZE, Warper
+
+__all__ = ["DmsService", "ServiceConfig", "Summary"]
+
+GPU_MISSES_UNAVAILABLE = 3
+"""Frames in a row over budget waiting for the accelerator before it counts as stuck (UNAVAILABLE,
+session restarted) rather than slow (DEGRADED)."""
+_log = get_logger("pipelines.dms")
+_LAYER_NAMES = dict(zip([layer.label for layer in ReadinessLayer], READINESS_LAYERS, strict=True))
+
+
+@dataclass
+class ServiceConfig:
+    """Every default of the service, in one place."""
+
+    camera: str = "synthetic"
+    """``synthetic``, a video file, or a recording (replayed)."""
+    model: Path | None = None
+    """An ONNX model with openpilot's DMS contract; None: the bundled (untrained) reference."""
+    device: str = "sim"
+    """``sim``: the model on the simulated accelerator; ``cpu``: onnxruntime on the CPU."""
+    budget: float = 0.050
+    """Seconds from start of frame to publication (one frame period at 20 Hz)."""
+    recover_after: int = 3
+    """Good frames in a row before the service is AVAILABLE again."""
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    calib: tuple[float, float, float] | None = None
+    """A static calibration (roll, pitch, yaw); None: the synthetic calibration stream."""
+    calib_stale_after: float = 2.5
+    """Seconds after which calibration is stale (openpilot's rule for a 4 Hz stream)."""
+    camera_stall_after: float = 0.25
+    """Seconds without a frame before the camera counts as stalled."""
+    health_host: str = "127.0.0.1"
+    health_port: int | None = 9032
+    """None: no HTTP endpoints; 0: any free port."""
+    zmq: str | None = None
+    jsonl: str | None = None
+    raw_predictions: bool = False
+    frames: int | None = None
+    duration: float | None = None
+    faults: str = ""
+    intra_op_threads: int = 1
+    model_load_timeout: float = 10.0
+    device_open_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("sim", "cpu"):
+            raise ValueError(f"device must be 'sim' or 'cpu', got {self.device!r}")
+        if not (0 < self.budget <= 10):
+            raise ValueError(f"budget must be in (0, 10] seconds, got {self.budget}")
+        if self.calib is not None:
+            _check_calib(self.calib)
+        specs = parse_faults(self.faults)
+        if self.device == "cpu" and any(spec.device is not None for spec in specs):
+            raise ValueError("accelerator faults need --device sim")
+
+
+def _check_calib(calib: Any) -> np.ndarray:
+    values = np.asarray(calib, dtype=np.float64).reshape(-1)
+    if values.size != 3 or not np.isfinite(values).all():
+        raise ValueError(f"calibration must be 3 finite numbers (roll, pitch, yaw), got {calib!r}")
+    return values.astype(np.float32).reshape(1, 3)
+
+
+@dataclass
+class Summary:
+    frames: FrameAccounting
+    frame_ages: list[float] = field(default_factory=list)
+    transitions: list[tuple[float, str]] = field(default_factory=list)
+
+    def latency_ms(self, q: float) -> float:
+        return float(np.percentile(self.frame_ages, q) * 1000) if self.frame_ages else math.nan
+
+
+@dataclass
+class _Job:
+    frame: Frame
+    number: int
+    deadline: float
+    image: np.ndarray | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+class DmsService:
+    """``async with DmsService(config) as service:`` runs it; ``service.messages()`` and
+    ``service.transitions()`` follow it; ``await service.finished()`` waits for the end (frames
+    or duration reached)."""
+
+    def __init__(self, config: ServiceConfig | None = None, *, source: Any = None) -> None:
+        self.config = config or ServiceConfig()
+        self._source = source
+        self.availability = AvailabilityMachine(
+            recover_after=self.config.recover_after, initial_reason="starting"
+        )
+        self.readiness = Readiness()
+        self.metrics = Metrics()
+        self.subscriptions = Subscriptions()
+        self.summary = Summary(FrameAccounting())
+        self._faults = parse_faults(self.config.faults)
+        self._sinks: list[Sink] = [self.subscriptions]
+        self._calib: tuple[np.ndarray, float] | None = None
+        self._seq = 0
+        self._frame_arrived = anyio.Event()
+        self._device_failed = anyio.Event()
+        self._model: Any = None  # an OnnxRunner or a SimAccelerator, when ready
+        self._slices: Any = {}
+        self._device_state = "loading the model"
+        """Why there is no model to run, while there is none."""
+        self._gpu_misses = 0
+        """Frames in a row that ran out of budget waiting for the accelerator."""
+        self.health_port: int | None = None
+        self._plan: FaultPlan | None = None
+        self._done = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> DmsService:
+        cfg = self.config
+        if cfg.zmq:
+            self._sinks.append(ZmqSink(cfg.zmq))
+        if cfg.jsonl:
+            self._sinks.append(JsonLinesSink(cfg.jsonl))
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._run)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(*exc_info)
+        finally:
+            for sink in self._sinks:
+                sink.close()
+
+    async def finished(self) -> Summary:
+        await self._done.wait()
+        return self.summary
+
+    def messages(self, backlog: int = 64) -> AsyncIterator[DriverStateV2]:
+        return self.subscriptions.subscribe(backlog=backlog)
+
+    @contextlib.contextmanager
+    def transitions(self) -> Iterator[Any]:
+        with self.availability.subscribe() as stream:
+            yield stream
+
+    def health(self) -> HealthState:
+        state = self.availability.state
+        layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
+        return HealthState(state.availability.value, state.reason, layers)
+
+    # -- the pipeline --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        cfg = self.config
+        warp_slot: LatestSlot[_Job] = LatestSlot("warp", lambda job: self._drop("warp"))
+        model_slot: LatestSlot[_Job] = LatestSlot("model", lambda job: self._drop("model"))
+        try:
+            async with anyio.create_task_group() as services:
+                services.start_soon(self._follow_availability)
+                if cfg.health_port is not None:
+                    app = create_app(self.health, self.metrics)
+                    self.health_port = await services.start(
+                        _serve_health, app, cfg.health_host, cfg.health_port
+                    )
+                services.start_soon(self._calibration)
+                services.start_soon(self._device)
+                services.start_soon(self._camera_watchdog)
+                # The stages end in order once the camera does: each closes the next slot, so
+                # the frames in flight are finished (each bounded by its deadline), not lost.
+                async with anyio.create_task_group() as stages:
+                    stages.start_soon(self._warp_stage, warp_slot, model_slot)
+                    stages.start_soon(self._model_stage, model_slot)
+                    await self._camera_stage(warp_slot)
+                services.cancel_scope.cancel()
+        finally:
+            for slot in (warp_slot, model_slot):
+                if slot.drain() is not None:
+                    self._drop("shutdown")
+            self._done.set()
+
+    def _drop(self, stage: str) -> None:
+        self.summary.frames.drop(stage)
+        self.metrics.frames_dropped.labels(stage=stage).inc()
+
+    async def _camera_stage(self, warp_slot: LatestSlot[_Job]) -> None:
+        cfg = self.config
+        source = self._source if self._source is not None else self._open_camera()
+        started = now()
+        number = 0
+        async with contextlib.aclosing(source) if hasattr(source, "aclose") else _null():
+            async for frame in source:
+                if cfg.frames is not None and number >= cfg.frames:
+                    break
+                if cfg.duration is not None and now() - started >= cfg.duration:
+                    break
+                self._apply_faults(number)
+                if any(f.name == "camera-stall" and f.active(number) for f in self._faults):
+                    number += 1  # the camera delivers nothing while stalled
+                    continue
+                self._frame_arrived.set()
+                self.summary.frames.receive()
+                self.metrics.frames_in.inc()
+                deadline = frame.timestamp_sof / 1e9 + cfg.budget
+                warp_slot.put(_Job(frame, number, deadline))
+                number += 1
+        warp_slot.close()
+
+    def _open_camera(self) -> Any:
+        cfg = self.config
+        if cfg.camera == "synthetic":
+            return SyntheticCamera()
+        path = Path(cfg.camera)
+        if not path.exists():
+            raise FileNotFoundError(f"camera {cfg.camera!r}: no such file (or use 'synthetic')")
+        from .camera_replay import FILE_MAGIC, ReplayCamera
+        from .camera_video import VideoFileCamera
+
+        with path.open("rb") as f:
+            magic = f.read(len(FILE_MAGIC))
+        return ReplayCamera(path) if magic == FILE_MAGIC else VideoFileCamera(path)
+
+    def _apply_faults(self, number: int) -> None:
+        plan = self._plan
+        if plan is None:
+            return
+        for spec in self._faults:
+            fault = spec.device
+            if fault is None:
+                continue
+            if number == spec.start:
+                plan.add(FaultRule(fault, at=1, count=math.inf))
+                _log.warning("fault injected", fault=spec.name, frame=number)
+            elif number == spec.start + spec.frames:
+                plan.clear(fault)
+                _log.info("fault cleared", fault=spec.name, frame=number)
+
+    async def _camera_watchdog(self) -> None:
+        """A camera that stops delivering makes the service UNAVAILABLE (it never goes silent)."""
+        while True:
+            try:
+                await wait_complete(
+                    self._frame_arrived,
+                    awaited="a camera frame",
+                    error=CameraTimeout,
+                    timeout=self.config.camera_stall_after,
+                )
+                self._frame_arrived = anyio.Event()
+            except CameraTimeout as exc:
+                self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
+                self.availability.report_unavailable(f"camera: {exc.message}")
+                await wait_complete(
+                    self._frame_arrived,
+                    awaited="the camera to return",
+                    error=CameraTimeout,
+                    timeout=3600.0,
+                )
+
+    async def _warp_stage(self, inbox: LatestSlot[_Job], outbox: LatestSlot[_Job]) -> None:
+        warper = Warper()
+        while True:
+            try:
+                job = await inbox.get()
+            except SlotClosed:
+                outbox.close()
+                return
+            start = time.perf_counter()
+            frame = job.frame
+            try:
+                with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
+                    job.image = await run_in_thread(
+                        functools.partial(_warp, warper, frame),
+                        awaited=f"warp of frame {frame.frame_id}",
+                        error=CameraTimeout,
+                    )
+            except (RuntimeFault, ValueError) as exc:
+                self._publish_invalid(job, f"warp: {exc}", degraded=True)
+                continue
+            job.stages["warp"] = time.perf_counter() - start
+            self.metrics.stage_latency.labels(stage="warp").observe(job.stages["warp"])
+            outbox.put(job)
+
+    async def _model_stage(self, inbox: LatestSlot[_Job]) -> None:
+        while True:
+            try:
+                job = await inbox.get()
+            except SlotClosed:
+                return
+            await self._infer(job)
+
+    async def _infer(self, job: _Job) -> None:
+        frame, cfg = job.frame, self.config
+        calib = self._calib
+        if calib is not None and not np.isfinite(calib[0]).all():
+            calib = None
+        model = self._model
+        if model is None:
+            self._publish_invalid(job, f"model unavailable: {self._device_state}")
+            return
+        start = time.perf_counter()
+        vector = calib[0] if calib is not None else np.zeros((1, 3), np.float32)
+        assert job.image is not None
+        try:
+            with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
+                remaining = max(job.deadline - now(), 0.0)
+                if isinstance(model, OnnxRunner):
+                    output = await model.run(job.image, vector, timeout=max(remaining, 1e-3))
+                    gpu_time = time.perf_counter() - start
+                else:
+                    result, phases = await model.run(job.image, vector, timeout=cfg.budget)
+                    output, gpu_time = result.reshape(-1), phases.device
+        except BudgetExhausted as exc:
+            self.metrics.timeouts.labels(layer="frame-budget").inc()
+            if cfg.device == "sim":
+                self._gpu_misses += 1
+                if self._gpu_misses >= GPU_MISSES_UNAVAILABLE:  # not a slow frame: a stuck GPU
+                    self._publish_invalid(
+                        job,
+                        f"{exc.layer}: {self._gpu_misses} frames in a row over budget waiting "
+                        f"for the accelerator ({exc.message})",
+                    )
+                    self._device_failed.set()
+                    return
+            self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
+            return
+        except (HardwareTimeout, RuntimeFault) as exc:
+            self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
+            self._publish_invalid(job, f"{exc.layer}: {exc.message}")
+            if cfg.device == "sim":
+                self._device_failed.set()
+            return
+        self._gpu_misses = 0
+        job.stages["model"] = time.perf_counter() - start
+        self.metrics.stage_latency.labels(stage="model").observe(job.stages["model"])
+        if any(f.name == "nan-output" and f.active(job.number) for f in self._faults):
+            output = np.full_like(output, np.nan)
+        decoded = decode(output, self._slices)
+        if not decoded.valid:
+            self._publish_invalid(job, f"invalid output: {decoded.reason}", degraded=True)
+            return
+        stale = calib is None or now() - calib[1] > cfg.calib_stale_after
+        if stale:
+            self.availability.report_degraded("calibration missing or stale")
+        else:
+            self.availability.report_good()
+        fresh = now() <= job.deadline
+        available = self.availability.state.availability.value == "available"
+        self._publish(
+            job,
+            valid=fresh and not stale and available,
+            reason="" if not stale else "calibration missing or stale",
+            fields=decoded.fields,
+            output=output,
+            model_time=sum(job.stages.values()),
+            gpu_time=gpu_time,
+        )
+
+    def _publish_invalid(self, job: _Job, reason: str, *, degraded: bool = False) -> None:
+        if degraded:
+            self.availability.report_degraded(reason)
+        else:
+            self.availability.report_unavailable(reason)
+        self._publish(job, valid=False, reason=reason)
+
+    def _publish(
+        self,
+        job: _Job,
+        *,
+        valid: bool,
+        reason: str,
+        fields: Any = None,
+        output: np.ndarray | None = None,
+        model_time: float = 0.0,
+        gpu_time: float = 0.0,
+    ) -> None:
+        frame = job.frame
+        age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
+        layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
+        layers["taskComplete"] = fields is not None
+        layers["outputValid"] = fields is not None
+        state = self.availability.state
+        message = DriverStateV2(
+            seq=self._seq,
+            frame_id=frame.frame_id,
+            timestamp_sof=frame.timestamp_sof,
+            timestamp_eof=frame.timestamp_eof,
+            frame_age=age,
+            availability=state.availability.value,
+            reason=reason or (state.reason or ""),
+            valid=valid and fields is not None,
+            readiness=layers,
+            model_execution_time=model_time,
+            gpu_execution_time=gpu_time,
+            wheel_on_right_prob=None if fields is None else fields.wheel_on_right_prob,
+            left_driver_data=None if fields is None else fields.left_driver_data.to_dict(),
+            right_driver_data=None if fields is None else fields.right_driver_data.to_dict(),
+            raw_predictions=(
+                output.astype("<f4").tobytes()
+                if output is not None and self.config.raw_predictions
+                else None
+            ),
+        )
+        self._seq += 1
+        for sink in self._sinks:
+            sink.publish(message)
+        self.summary.frames.published(message.valid, "" if message.valid else message.reason)
+        self.summary.frame_ages.append(age)
+        self.metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
+        self.metrics.end_to_end.observe(age)
+
+    # -- calibration, device, availability -----------------------------------------------------
+
+    async def _calibration(self) -> None:
+        cfg = self.config
+        if cfg.calib is not None:
+            self._calib = (_check_calib(cfg.calib), math.inf)  # static: never stale
+            return
+        async with SyntheticCalibration() as stream:
+            async for sample in stream:
+                values = np.asarray(sample.rpy, dtype=np.float32).reshape(1, 3)
+                self._calib = (values, sample.timestamp_ns / 1e9)
+
+    async def _device(self) -> None:
+        """Open the model (and the accelerator); reopen it with backoff whenever it fails."""
+        cfg = self.config
+        path = cfg.model if cfg.model is not None else reference_model_path()
+        contract = load_contract(path)
+        self._slices = contract.output_slices
+        if cfg.device == "cpu":
+            self._model = await OnnxRunner.open(
+                path, timeout=cfg.model_load_timeout, intra_op_threads=cfg.intra_op_threads
+            )
+            for layer in (ReadinessLayer.DEVICE_ONLINE, ReadinessLayer.FIRMWARE_READY):
+                self.readiness.mark_up(layer)
+            self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
+            return
+        runner = OnnxRunner(path, intra_op_threads=cfg.intra_op_threads, contract=contract)
+
+        def infer(img: np.ndarray, calib: np.ndarray) -> np.ndarray:
+            return runner.run_blocking(img, calib)
+
+        self._plan = FaultPlan()
+        self._device_state = "opening the accelerator"
+        delay = cfg.backoff_initial
+        session_config = SessionConfig(
+            kernel_timeout=cfg.budget, fence_timeout=1.0, bulk_timeout=1.0
+        )
+        async with simulated_device(
+            infer, image_size=MODEL_INPUT_SIZE, output_size=contract.output_length, plan=self._plan
+        ) as device:
+            while True:
+                self._device_failed = anyio.Event()
+                self._gpu_misses = 0
+                try:
+                    with deadline_scope(cfg.device_open_timeout, name="accelerator open"):
+                        accelerator = await SimAccelerator.open(
+                            device,
+                            image_size=MODEL_INPUT_SIZE,
+                            output_size=contract.output_length,
+                            config=session_config,
+                            readiness=self.readiness,
+                        )
+                except (RuntimeFault, TimeoutError) as exc:
+                    self._device_state = f"accelerator failed to open: {exc}"
+                    self.availability.report_unavailable(self._device_state)
+                    await pause(delay)
+                    delay = min(delay * 2, cfg.backoff_max)
+                    continue
+                delay = cfg.backoff_initial
+                self._model = accelerator
+                await self._device_failed.wait()
+                self._model = None
+                self._device_state = "the accelerator is restarting"
+                with anyio.CancelScope(shield=True):
+                    await accelerator.aclose()
+                self.readiness = Readiness()
+
+    async def _follow_availability(self) -> None:
+        with self.availability.subscribe() as stream:
+            async for transition in stream:
+                current = transition.current
+                self.metrics.set_availability(current.availability.value)
+                self.summary.transitions.append((current.since, str(current)))
+                _log.info("availability", state=str(current))
+
+
+async def _serve_health(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    await serve(app, host=host, port=port, task_status=task_status)
+
+
+@contextlib.asynccontextmanager
+async def _null() -> AsyncIterator[None]:
+    yield
+
+
+def _warp(warper: Warper, frame: Frame) -> np.ndarray:
+    """On a worker thread: the frame's luma, warped into a fresh array (the next frame must not
+    overwrite what the model is reading)."""
+    out = np.empty((1, MODEL_INPUT_SIZE), np.uint8)
+    return warper.warp(frame.buffer, frame.width, frame.height, frame.stride, out=out)
