@@ -18,7 +18,7 @@ $(INSTALLED): pyproject.toml
 	@touch $@
 
 run: setup
-	$(VENV)/bin/aio-dms demo
+	$(VENV)/bin/aio-dms run --duration 10
 
 # Two steps. The ordinary suite; then the emulated-USB tests (real libusb against the simulated
 # bridge served by umockdev) in a process of their own under umockdev-wrapper, where

@@ -40,6 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a short demonstration of the runtime core: bounded waits, a mailbox timeout, "
         "availability going unavailable and recovering",
     )
+    run_parser = commands.add_parser(
+        "run",
+        help="run the DMS service (defaults: synthetic camera, the bundled reference model, "
+        "the simulated accelerator)",
+    )
+    from .dms.run import add_arguments
+
+    add_arguments(run_parser)
     model_info = commands.add_parser(
         "model-info",
         help="print a DMS model's contract as JSON: inputs with shapes and dtypes, the output, "
@@ -56,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo_main
 
         return demo_main()
+    if args.command == "run":
+        from .dms.run import run
+
+        return run(args)
     if args.command == "model-info":
         return _model_info(args.model)
     parser.error(f"unknown command {args.command!r}")

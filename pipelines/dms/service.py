@@ -32,16 +32,17 @@ import numpy as np
 
 from aio_runtime import (
     AvailabilityMachine,
+    Backoff,
     BudgetExhausted,
     CameraTimeout,
     HardwareTimeout,
     Readiness,
     ReadinessLayer,
     RuntimeFault,
+    Supervisor,
     deadline_scope,
     get_logger,
     now,
-    pause,
     run_in_thread,
     wait_complete,
 )
@@ -49,7 +50,7 @@ from transports.gpu import SessionConfig
 from transports.sim import FaultPlan, FaultRule
 
 from .accelerator import SimAccelerator, simulated_device
-from .camera import Frame
+from .camera import CABIN_CAMERAS, Frame
 from .camera_sources import SyntheticCalibration, SyntheticCamera, clock_ns
 from .channels import FrameAccounting, LatestSlot, SlotClosed
 from .decode import decode
@@ -323,7 +324,17 @@ class DmsService:
                 )
 
     async def _warp_stage(self, inbox: LatestSlot[_Job], outbox: LatestSlot[_Job]) -> None:
-        warper = Warper()
+        # One warper per geometry, the cabin cameras' planned before the first frame: a
+        # resolution change mid-stream then costs no frame its budget.
+        warpers: dict[tuple[int, int, int], Warper] = {}
+
+        def prepare() -> None:
+            for camera in CABIN_CAMERAS:
+                key = (camera.width, camera.height, camera.layout.stride)
+                warpers[key] = Warper()
+                warpers[key].plan_for(*key)
+
+        await run_in_thread(prepare, awaited="warp plans", error=CameraTimeout, timeout=10.0)
         while True:
             try:
                 job = await inbox.get()
@@ -332,6 +343,7 @@ class DmsService:
                 return
             start = time.perf_counter()
             frame = job.frame
+            warper = warpers.setdefault((frame.width, frame.height, frame.stride), Warper())
             try:
                 with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
                     job.image = await run_in_thread(
@@ -507,39 +519,46 @@ class DmsService:
 
         self._plan = FaultPlan()
         self._device_state = "opening the accelerator"
-        delay = cfg.backoff_initial
         session_config = SessionConfig(
             kernel_timeout=cfg.budget, fence_timeout=1.0, bulk_timeout=1.0
         )
         async with simulated_device(
             infer, image_size=MODEL_INPUT_SIZE, output_size=contract.output_length, plan=self._plan
         ) as device:
-            while True:
+
+            @contextlib.asynccontextmanager
+            async def open_session() -> AsyncIterator[SimAccelerator]:
                 self._device_failed = anyio.Event()
                 self._gpu_misses = 0
+                self.readiness = Readiness()
+                with deadline_scope(cfg.device_open_timeout, name="accelerator open"):
+                    accelerator = await SimAccelerator.open(
+                        device,
+                        image_size=MODEL_INPUT_SIZE,
+                        output_size=contract.output_length,
+                        config=session_config,
+                        readiness=self.readiness,
+                    )
                 try:
-                    with deadline_scope(cfg.device_open_timeout, name="accelerator open"):
-                        accelerator = await SimAccelerator.open(
-                            device,
-                            image_size=MODEL_INPUT_SIZE,
-                            output_size=contract.output_length,
-                            config=session_config,
-                            readiness=self.readiness,
-                        )
-                except (RuntimeFault, TimeoutError) as exc:
-                    self._device_state = f"accelerator failed to open: {exc}"
-                    self.availability.report_unavailable(self._device_state)
-                    await pause(delay)
-                    delay = min(delay * 2, cfg.backoff_max)
-                    continue
-                delay = cfg.backoff_initial
+                    yield accelerator
+                finally:
+                    self._model = None
+                    self._device_state = "the accelerator is restarting"
+                    await accelerator.aclose()
+
+            async def serve_frames(accelerator: SimAccelerator) -> None:
                 self._model = accelerator
                 await self._device_failed.wait()
-                self._model = None
-                self._device_state = "the accelerator is restarting"
-                with anyio.CancelScope(shield=True):
-                    await accelerator.aclose()
-                self.readiness = Readiness()
+                raise RuntimeFault(f"the accelerator failed: {self.availability.state.reason}")
+
+            await Supervisor(
+                "accelerator",
+                open_session,
+                serve_frames,
+                availability=self.availability,
+                backoff=Backoff(initial=cfg.backoff_initial, cap=cfg.backoff_max),
+                healthy_after=1.0,
+            ).run()
 
     async def _follow_availability(self) -> None:
         with self.availability.subscribe() as stream:

@@ -1,0 +1,109 @@
+"""The DMS service end to end: frame accounting, faults to UNAVAILABLE and back, geometry changes,
+calibration, health."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from pipelines.dms.camera_sources import SyntheticCamera
+from pipelines.dms.service import DmsService, ServiceConfig
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def run(config: ServiceConfig, source=None) -> tuple[DmsService, list]:
+    messages = []
+    with anyio.fail_after(60):
+        async with DmsService(config, source=source) as service:
+
+            async def collect():
+                async for message in service.messages(backlog=1000):
+                    messages.append(message)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collect)
+                await service.finished()
+                tg.cancel_scope.cancel()
+    return service, messages
+
+
+async def test_every_frame_ends_exactly_once_even_when_frames_are_dropped():
+    config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0), budget=0.2)
+    source = SyntheticCamera(fps=400, frames=120)  # far faster than warp + model
+    service, messages = await run(config, source)
+    frames = service.summary.frames
+    frames.check()  # received == valid + invalid + dropped
+    assert frames.received == 120
+    assert sum(frames.dropped.values()) > 0  # latest frame wins
+    assert len(messages) == frames.valid + sum(frames.invalid.values())
+    assert [m.seq for m in messages] == list(range(len(messages)))
+
+
+async def test_a_hung_accelerator_makes_the_service_unavailable_then_it_recovers():
+    config = ServiceConfig(
+        device="sim", health_port=None, calib=(0.0, 0.0, 0.0), frames=60, faults="gpu-hang@20+6"
+    )
+    service, messages = await run(config)
+    service.summary.frames.check()
+    by_frame = {m.frame_id: m for m in messages}
+    hung = [m for m in messages if 20 <= m.frame_id < 26]
+    assert all(not m.valid for m in hung)
+    unavailable = [
+        m for m in messages if m.availability == "unavailable" and "gpu-queue" in m.reason
+    ]
+    assert unavailable, "the hang must be published as unavailable, with the layer"
+    first = min(unavailable, key=lambda m: m.seq)
+    # three frames over budget, then UNAVAILABLE: within 3 frame periods of the hang's start
+    assert first.frame_id <= 22 and first.timestamp_sof - by_frame[20].timestamp_sof <= 0.16e9
+    assert messages[-1].availability == "available" and messages[-1].valid
+
+
+async def test_a_resolution_change_mid_stream_is_warped_with_the_new_geometry():
+    config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0), frames=30)
+    source = SyntheticCamera(frames=30, switch_at=15)
+    service, messages = await run(config, source)
+    service.summary.frames.check()
+    assert {m.frame_id for m in messages if m.valid} >= set(range(16, 30))
+
+
+async def test_stale_or_non_finite_calibration_degrades_the_output():
+    with pytest.raises(ValueError, match="3 finite numbers"):
+        ServiceConfig(calib=(float("nan"), 0.0, 0.0))
+    # the synthetic calibration stream is 4 Hz: with a 1 ms staleness limit it is always stale
+    config = ServiceConfig(device="cpu", health_port=None, frames=20, calib_stale_after=1e-3)
+    _, messages = await run(config)
+    assert messages and all(not m.valid for m in messages)
+    assert any("calibration" in m.reason for m in messages)
+    assert all(m.availability != "available" for m in messages)
+
+
+async def test_health_reports_unavailable_while_the_camera_is_stalled():
+    config = ServiceConfig(
+        device="cpu",
+        health_port=None,
+        calib=(0.0, 0.0, 0.0),
+        frames=60,
+        faults="camera-stall@20+12",
+    )
+    states = []
+    with anyio.fail_after(60):
+        async with DmsService(config) as service:
+
+            async def watch():
+                with service.transitions() as stream:
+                    async for transition in stream:
+                        states.append((str(transition.current), service.health().ready))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await service.finished()
+                tg.cancel_scope.cancel()
+    stalled = [ready for state, ready in states if state.startswith("unavailable(camera")]
+    assert stalled and not any(stalled)
+    assert states[-1] == ("available", True)
