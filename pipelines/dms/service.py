@@ -36,6 +36,7 @@ from aio_runtime import (
     BudgetExhausted,
     CameraTimeout,
     HardwareTimeout,
+    ModelTimeout,
     Readiness,
     ReadinessLayer,
     RuntimeFault,
@@ -232,11 +233,16 @@ class DmsService:
                     )
                 services.start_soon(self._calibration)
                 services.start_soon(self._device)
-                services.start_soon(self._camera_watchdog)
                 # The stages end in order once the camera does: each closes the next slot, so
                 # the frames in flight are finished (each bounded by its deadline), not lost.
+                # One warper per geometry, the cabin cameras' planned before the first frame: a
+                # resolution change mid-stream then costs no frame its budget.
+                warpers = await run_in_thread(
+                    _plan_warps, awaited="warp plans", error=CameraTimeout, timeout=10.0
+                )
+                services.start_soon(self._camera_watchdog)
                 async with anyio.create_task_group() as stages:
-                    stages.start_soon(self._warp_stage, warp_slot, model_slot)
+                    stages.start_soon(self._warp_stage, warp_slot, model_slot, warpers)
                     stages.start_soon(self._model_stage, model_slot)
                     await self._camera_stage(warp_slot)
                 services.cancel_scope.cancel()
@@ -323,18 +329,12 @@ class DmsService:
                     timeout=3600.0,
                 )
 
-    async def _warp_stage(self, inbox: LatestSlot[_Job], outbox: LatestSlot[_Job]) -> None:
-        # One warper per geometry, the cabin cameras' planned before the first frame: a
-        # resolution change mid-stream then costs no frame its budget.
-        warpers: dict[tuple[int, int, int], Warper] = {}
-
-        def prepare() -> None:
-            for camera in CABIN_CAMERAS:
-                key = (camera.width, camera.height, camera.layout.stride)
-                warpers[key] = Warper()
-                warpers[key].plan_for(*key)
-
-        await run_in_thread(prepare, awaited="warp plans", error=CameraTimeout, timeout=10.0)
+    async def _warp_stage(
+        self,
+        inbox: LatestSlot[_Job],
+        outbox: LatestSlot[_Job],
+        warpers: dict[tuple[int, int, int], Warper],
+    ) -> None:
         while True:
             try:
                 job = await inbox.get()
@@ -501,8 +501,14 @@ class DmsService:
     async def _device(self) -> None:
         """Open the model (and the accelerator); reopen it with backoff whenever it fails."""
         cfg = self.config
-        path = cfg.model if cfg.model is not None else reference_model_path()
-        contract = load_contract(path)
+
+        def load() -> tuple[Path, Any]:
+            path = cfg.model if cfg.model is not None else reference_model_path()
+            return path, load_contract(path)
+
+        path, contract = await run_in_thread(
+            load, awaited="the model's contract", error=ModelTimeout, timeout=cfg.model_load_timeout
+        )
         self._slices = contract.output_slices
         if cfg.device == "cpu":
             self._model = await OnnxRunner.open(
@@ -582,6 +588,15 @@ async def _serve_health(
 @contextlib.asynccontextmanager
 async def _null() -> AsyncIterator[None]:
     yield
+
+
+def _plan_warps() -> dict[tuple[int, int, int], Warper]:
+    warpers = {}
+    for camera in CABIN_CAMERAS:
+        key = (camera.width, camera.height, camera.layout.stride)
+        warpers[key] = Warper()
+        warpers[key].plan_for(*key)
+    return warpers
 
 
 def _warp(warper: Warper, frame: Frame) -> np.ndarray:
