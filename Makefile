@@ -37,7 +37,7 @@ bench: setup
 	$(PY) -m benchmarks.model
 
 check: setup
-	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks
+	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples
 	$(PY) -m mypy --strict aio_runtime transports pipelines
 
 clean:
