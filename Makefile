@@ -35,6 +35,7 @@ bench: setup
 	$(PY) -m benchmarks.copy
 	$(PY) -m benchmarks.warp
 	$(PY) -m benchmarks.model
+	$(PY) -m benchmarks.pipeline
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples

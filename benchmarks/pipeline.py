@@ -1,0 +1,233 @@
+"""Benchmark: the DMS pipeline as an openpilot-style synchronous loop and through the service.
+
+The same stages — warp (our :class:`~pipelines.dms.warp.Warper`), the bundled reference model on
+onnxruntime with the same thread settings (printed), decode — on the synthetic camera, for both
+cabin cameras, at 20 Hz and at the maximum rate:
+
+* ``sync``: one thread, frame after frame (as ``dmonitoringmodeld`` runs);
+* ``service``: :class:`~pipelines.dms.service.DmsService` (``--device cpu``), latest frame wins.
+
+Reported per run: frames/s; end-to-end latency p50/p99 (start of frame to published, the camera's
+readout included); the per-frame overhead beyond the warp and model compute (latency minus the
+readout minus that compute); process CPU per frame; and, for the service, the event loop's lag —
+how late a 1 ms timer fires while the pipeline runs (a synchronous loop has no event loop to serve
+health checks or deadlines at all). Final JSON line with ``sync_fps``, ``service_fps`` (maximum
+rate, 1928x1208), ``overhead_p99_ms_20hz``, ``latency_p99_ms_20hz``, ``loop_lag_p99_ms``.
+Targets: overhead p99 at 20 Hz <= 2 ms; service_fps >= 0.95 x sync_fps; loop lag p99 <= 2 ms.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# benchmarks/copy.py sits beside this file: keep this folder off the import path so that it does
+# not stand in for the standard library's ``copy`` module when this runs as a script.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+import onnxruntime as ort
+
+from pipelines.dms.camera import AR_OX_FISHEYE, OS_FISHEYE, CameraConfig, Frame
+from pipelines.dms.camera_sources import SourceBase, clock_ns
+from pipelines.dms.decode import decode
+from pipelines.dms.model import load_contract
+from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.service import DmsService, ServiceConfig
+from pipelines.dms.warp import Warper
+
+THREADS = 1
+TARGETS = {"overhead_p99_ms_20hz": 2.0, "fps_ratio": 0.95, "loop_lag_p99_ms": 2.0}
+
+
+def _p(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def run_sync(camera: CameraConfig, fps: float | None, frames: int) -> dict[str, Any]:
+    """openpilot's shape: one thread; wait for the frame, warp, run, decode, publish."""
+    path = reference_model_path()
+    contract = load_contract(path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    warper = Warper()
+    calib = np.zeros((1, 3), np.float32)
+    layout = camera.layout
+    buffer = np.random.default_rng(0).integers(0, 256, layout.size, dtype=np.uint8)
+    period = 1.0 / fps if fps else 0.0
+    readout = camera.readout_ns / 1e9
+    latencies, overheads = [], []
+    cpu0, start = time.process_time(), time.perf_counter()
+    next_sof = time.perf_counter()
+    for _ in range(frames):
+        sof = next_sof if fps else time.perf_counter()
+        eof = sof + (readout if fps else 0.0)
+        while fps and time.perf_counter() < eof:  # the frame is readable at end of frame
+            time.sleep(max(0.0, eof - time.perf_counter()))
+        t0 = time.perf_counter()
+        img = warper.warp(buffer, camera.width, camera.height, layout.stride)
+        (out,) = session.run(None, {"input_img": img, "calib": calib})
+        compute = time.perf_counter() - t0
+        decode(np.asarray(out).reshape(-1), contract.output_slices)
+        done = time.perf_counter()
+        latencies.append(done - sof)
+        overheads.append(done - eof - compute)
+        next_sof = sof + period
+    wall = time.perf_counter() - start
+    return {
+        "fps": frames / wall,
+        "latency_p50_ms": _p(latencies, 50) * 1e3,
+        "latency_p99_ms": _p(latencies, 99) * 1e3,
+        "overhead_p99_ms": _p(overheads, 99) * 1e3,
+        "cpu_ms_per_frame": (time.process_time() - cpu0) / frames * 1e3,
+        "loop_lag_p99_ms": float("nan"),
+    }
+
+
+class StillCamera(SourceBase):
+    """Frames of one fixed buffer, as the synchronous loop uses: no rendering cost. At 20 Hz paced
+    as a camera (delivered at end of frame); at the maximum rate the next frame comes as soon as
+    fewer than two are in the pipeline (the service may overlap one frame's warp with the previous
+    frame's model run), with zero readout."""
+
+    def __init__(self, camera: CameraConfig, fps: float | None, frames: int) -> None:
+        self.camera, self.fps, self.frames = camera, fps, frames
+        layout = camera.layout
+        self.buffer = np.random.default_rng(0).integers(0, 256, layout.size, dtype=np.uint8)
+        self.count = 0
+        self.finished = 0
+        self.progress = anyio.Event()
+        self.next_sof = clock_ns()
+
+    def done(self) -> None:
+        self.finished += 1
+        self.progress.set()
+
+    async def _next_frame(self) -> Frame:
+        if self.count >= self.frames:
+            raise StopAsyncIteration
+        while not self.fps and self.count - self.finished >= 2:
+            self.progress = anyio.Event()
+            await self.progress.wait()
+        if self.fps:
+            sof = self.next_sof
+            self.next_sof += round(1e9 / self.fps)
+            eof = sof + self.camera.readout_ns
+        else:
+            sof = eof = clock_ns()
+        self.count += 1
+        layout = self.camera.layout
+        return Frame(self.buffer, layout.width, layout.height, layout.stride, self.count, sof, eof)
+
+
+async def run_service(camera: CameraConfig, fps: float | None, frames: int) -> dict[str, Any]:
+    config = ServiceConfig(
+        device="cpu",
+        health_port=None,
+        calib=(0.0, 0.0, 0.0),
+        intra_op_threads=THREADS,
+        budget=1.0 if fps is None else 0.05,
+    )
+    source = StillCamera(camera, fps, frames)
+    latencies, overheads, lags = [], [], []
+    published = 0
+    cpu0, start = time.process_time(), time.perf_counter()
+    first: float | None = None
+    async with DmsService(config, source=source) as service:
+
+        async def collect() -> None:
+            nonlocal published, first
+            async for m in service.messages(backlog=10_000):
+                source.done()
+                if not m.valid:
+                    continue
+                now_ns = clock_ns()
+                first = first or time.perf_counter()
+                published += 1
+                latency = (now_ns - m.timestamp_sof) / 1e9
+                readout = (m.timestamp_eof - m.timestamp_sof) / 1e9
+                latencies.append(latency)
+                overheads.append(latency - readout - m.model_execution_time)
+
+        async def lag() -> None:
+            while True:
+                t = time.perf_counter()
+                await anyio.sleep(0.001)
+                lags.append(time.perf_counter() - t - 0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect)
+            tg.start_soon(lag)
+            await service.finished()
+            tg.cancel_scope.cancel()
+    wall = time.perf_counter() - (first or start)
+    skip = min(5, len(latencies) // 10)  # start-up (model load, first frames) is not the pipeline
+    return {
+        "fps": published / wall if wall > 0 else 0.0,
+        "latency_p50_ms": _p(latencies[skip:], 50) * 1e3,
+        "latency_p99_ms": _p(latencies[skip:], 99) * 1e3,
+        "overhead_p99_ms": _p(overheads[skip:], 99) * 1e3,
+        "cpu_ms_per_frame": (time.process_time() - cpu0) / max(published, 1) * 1e3,
+        "loop_lag_p99_ms": _p(lags, 99) * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per run")
+    args = parser.parse_args()
+    print(
+        f"onnxruntime {ort.__version__}: intra-op threads {THREADS}, inter-op 1, no spinning; "
+        f"{os.cpu_count()} CPUs; reference model (untrained)"
+    )
+    rows: dict[str, dict[str, Any]] = {}
+    for camera in (AR_OX_FISHEYE, OS_FISHEYE):
+        for fps in (20.0, None):
+            frames = int(args.seconds * (fps or 150))
+            label = f"{camera.width}x{camera.height} {'20 Hz' if fps else 'max'}"
+            rows[f"sync {label}"] = run_sync(camera, fps, frames)
+            rows[f"service {label}"] = anyio.run(run_service, camera, fps, frames)
+    header = (
+        f"{'run':<28} {'fps':>7} {'lat p50':>8} {'lat p99':>8} {'ovh p99':>8} "
+        f"{'cpu/fr':>7} {'lag p99':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, r in rows.items():
+        print(
+            f"{name:<28} {r['fps']:>7.1f} {r['latency_p50_ms']:>8.2f} {r['latency_p99_ms']:>8.2f} "
+            f"{r['overhead_p99_ms']:>8.2f} {r['cpu_ms_per_frame']:>7.2f} {r['loop_lag_p99_ms']:>8.2f}"
+        )
+    big = f"{AR_OX_FISHEYE.width}x{AR_OX_FISHEYE.height}"
+    sync_fps = rows[f"sync {big} max"]["fps"]
+    service_fps = rows[f"service {big} max"]["fps"]
+    lag = max(r["loop_lag_p99_ms"] for n, r in rows.items() if n.startswith("service"))
+    overhead = rows[f"service {big} 20 Hz"]["overhead_p99_ms"]
+    summary = {
+        "sync_fps": round(sync_fps, 1),
+        "service_fps": round(service_fps, 1),
+        "fps_ratio": round(service_fps / sync_fps, 3),
+        "overhead_p99_ms_20hz": round(overhead, 2),
+        "latency_p99_ms_20hz": round(rows[f"service {big} 20 Hz"]["latency_p99_ms"], 2),
+        "sync_latency_p99_ms_20hz": round(rows[f"sync {big} 20 Hz"]["latency_p99_ms"], 2),
+        "loop_lag_p99_ms": round(lag, 2),
+        "targets_met": overhead <= TARGETS["overhead_p99_ms_20hz"]
+        and service_fps >= TARGETS["fps_ratio"] * sync_fps
+        and lag <= TARGETS["loop_lag_p99_ms"],
+    }
+    print(f"targets: {TARGETS}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
