@@ -42,6 +42,7 @@ from aio_runtime import (
     ModelTimeout,
     RuntimeFault,
     WaitBound,
+    WorkerThread,
     run_in_thread,
     validate_timeout,
     wait_complete,
@@ -134,6 +135,8 @@ class OnnxRunner:
         self._img = np.zeros(INPUT_IMG_SHAPE, dtype=np.uint8)
         self._calib = np.zeros(CALIB_SHAPE, dtype=np.float32)
         self._lock: anyio.Lock | None = None  # made on the loop at the first run
+        self._worker = WorkerThread(f"model {self.path.name}")
+        """Runs the model: one long-lived thread (no thread start per frame)."""
         self._previous: Completion[None] | None = None
         self._counts = {
             "runs": 0,
@@ -282,6 +285,7 @@ class OnnxRunner:
         try:
             flat = await run_in_thread(
                 call,
+                worker=self._worker,
                 awaited=awaited,
                 within=bound,
                 cancel=terminate,

@@ -41,6 +41,7 @@ from aio_runtime import (
     ReadinessLayer,
     RuntimeFault,
     Supervisor,
+    WorkerThread,
     deadline_scope,
     get_logger,
     now,
@@ -335,6 +336,19 @@ class DmsService:
         outbox: LatestSlot[_Job],
         warpers: dict[tuple[int, int, int], Warper],
     ) -> None:
+        worker = WorkerThread("warp")
+        try:
+            await self._warp_frames(inbox, outbox, warpers, worker)
+        finally:
+            worker.close()
+
+    async def _warp_frames(
+        self,
+        inbox: LatestSlot[_Job],
+        outbox: LatestSlot[_Job],
+        warpers: dict[tuple[int, int, int], Warper],
+        worker: WorkerThread,
+    ) -> None:
         while True:
             try:
                 job = await inbox.get()
@@ -348,6 +362,7 @@ class DmsService:
                 with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
                     job.image = await run_in_thread(
                         functools.partial(_warp, warper, frame),
+                        worker=worker,
                         awaited=f"warp of frame {frame.frame_id}",
                         error=CameraTimeout,
                     )
