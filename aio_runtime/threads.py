@@ -53,7 +53,7 @@ class WorkerThread:
         self._calls.put(work)
 
     def _serve(self) -> None:
-        while (work := self._calls.get()) is not None:
+        for work in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
             work()
 
     def close(self) -> None:
