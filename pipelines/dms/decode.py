@@ -22,6 +22,7 @@ end of the output, a value that is not finite (anywhere in the output), a probab
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -136,6 +137,7 @@ class DriverData:
         }
 
 
+@functools.cache
 def _snake(camel: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
 

@@ -144,6 +144,9 @@ class _Job:
     number: int
     deadline: float
     image: np.ndarray | None = None
+    calib: tuple[np.ndarray, float] | None = None
+    output: np.ndarray | None = None
+    gpu_time: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -224,6 +227,7 @@ class DmsService:
         cfg = self.config
         warp_slot: LatestSlot[_Job] = LatestSlot("warp", lambda job: self._drop("warp"))
         model_slot: LatestSlot[_Job] = LatestSlot("model", lambda job: self._drop("model"))
+        decode_slot: LatestSlot[_Job] = LatestSlot("decode", lambda job: self._drop("decode"))
         try:
             async with anyio.create_task_group() as services:
                 services.start_soon(self._follow_availability)
@@ -244,11 +248,12 @@ class DmsService:
                 services.start_soon(self._camera_watchdog)
                 async with anyio.create_task_group() as stages:
                     stages.start_soon(self._warp_stage, warp_slot, model_slot, warpers)
-                    stages.start_soon(self._model_stage, model_slot)
+                    stages.start_soon(self._model_stage, model_slot, decode_slot)
+                    stages.start_soon(self._decode_stage, decode_slot)
                     await self._camera_stage(warp_slot)
                 services.cancel_scope.cancel()
         finally:
-            for slot in (warp_slot, model_slot):
+            for slot in (warp_slot, model_slot, decode_slot):
                 if slot.drain() is not None:
                     self._drop("shutdown")
             self._done.set()
@@ -357,7 +362,10 @@ class DmsService:
                 return
             start = time.perf_counter()
             frame = job.frame
-            warper = warpers.setdefault((frame.width, frame.height, frame.stride), Warper())
+            key = (frame.width, frame.height, frame.stride)
+            warper = warpers.get(key)
+            if warper is None:  # a geometry no cabin camera has: planned on first use
+                warper = warpers[key] = Warper()
             try:
                 with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
                     job.image = await run_in_thread(
@@ -373,15 +381,27 @@ class DmsService:
             self.metrics.stage_latency.labels(stage="warp").observe(job.stages["warp"])
             outbox.put(job)
 
-    async def _model_stage(self, inbox: LatestSlot[_Job]) -> None:
+    async def _model_stage(self, inbox: LatestSlot[_Job], outbox: LatestSlot[_Job]) -> None:
+        while True:
+            try:
+                job = await inbox.get()
+            except SlotClosed:
+                outbox.close()
+                return
+            if await self._infer(job):
+                outbox.put(job)  # decoding and publishing it overlaps the next run
+
+    async def _decode_stage(self, inbox: LatestSlot[_Job]) -> None:
         while True:
             try:
                 job = await inbox.get()
             except SlotClosed:
                 return
-            await self._infer(job)
+            self._finish(job)
 
-    async def _infer(self, job: _Job) -> None:
+    async def _infer(self, job: _Job) -> bool:
+        """Run the model on the job; True with ``job.output`` set, False once it was published
+        invalid."""
         frame, cfg = job.frame, self.config
         calib = self._calib
         if calib is not None and not np.isfinite(calib[0]).all():
@@ -389,7 +409,8 @@ class DmsService:
         model = self._model
         if model is None:
             self._publish_invalid(job, f"model unavailable: {self._device_state}")
-            return
+            return False
+        job.calib = calib
         start = time.perf_counter()
         vector = calib[0] if calib is not None else np.zeros((1, 3), np.float32)
         assert job.image is not None
@@ -413,18 +434,25 @@ class DmsService:
                         f"for the accelerator ({exc.message})",
                     )
                     self._device_failed.set()
-                    return
+                    return False
             self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
-            return
+            return False
         except (HardwareTimeout, RuntimeFault) as exc:
             self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
             self._publish_invalid(job, f"{exc.layer}: {exc.message}")
             if cfg.device == "sim":
                 self._device_failed.set()
-            return
+            return False
         self._gpu_misses = 0
         job.stages["model"] = time.perf_counter() - start
         self.metrics.stage_latency.labels(stage="model").observe(job.stages["model"])
+        job.output, job.gpu_time = output, gpu_time
+        return True
+
+    def _finish(self, job: _Job) -> None:
+        """Decode the job's output, report it and publish it."""
+        cfg, output, calib = self.config, job.output, job.calib
+        assert output is not None
         if any(f.name == "nan-output" and f.active(job.number) for f in self._faults):
             output = np.full_like(output, np.nan)
         decoded = decode(output, self._slices)
@@ -445,7 +473,7 @@ class DmsService:
             fields=decoded.fields,
             output=output,
             model_time=sum(job.stages.values()),
-            gpu_time=gpu_time,
+            gpu_time=job.gpu_time,
         )
 
     def _publish_invalid(self, job: _Job, reason: str, *, degraded: bool = False) -> None:
