@@ -143,6 +143,7 @@ async def run_service(camera: CameraConfig, fps: float | None, frames: int) -> d
     published = 0
     cpu0, start = time.process_time(), time.perf_counter()
     first: float | None = None
+    started = anyio.Event()
     async with DmsService(config, source=source) as service:
 
         async def collect() -> None:
@@ -153,6 +154,7 @@ async def run_service(camera: CameraConfig, fps: float | None, frames: int) -> d
                     continue
                 now_ns = clock_ns()
                 first = first or time.perf_counter()
+                started.set()
                 published += 1
                 latency = (now_ns - m.timestamp_sof) / 1e9
                 readout = (m.timestamp_eof - m.timestamp_sof) / 1e9
@@ -160,6 +162,7 @@ async def run_service(camera: CameraConfig, fps: float | None, frames: int) -> d
                 overheads.append(latency - readout - m.model_execution_time)
 
         async def lag() -> None:
+            await started.wait()  # steady state: not the model load or the warp planning
             while True:
                 t = time.perf_counter()
                 await anyio.sleep(0.001)
