@@ -418,7 +418,9 @@ class DmsService:
             with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
                 remaining = max(job.deadline - now(), 0.0)
                 if isinstance(model, OnnxRunner):
-                    output = await model.run(job.image, vector, timeout=max(remaining, 1e-3))
+                    output = await model.run(
+                        job.image, vector, timeout=max(remaining, 1e-3), handed_over=True
+                    )
                     gpu_time = time.perf_counter() - start
                 else:
                     result, phases = await model.run(job.image, vector, timeout=cfg.budget)
