@@ -68,3 +68,22 @@ async def test_a_non_loopback_address_is_refused():
     app = create_app(lambda: HealthState("available", None, {}), Metrics())
     with pytest.raises(ValueError, match="not a loopback"):
         await serve(app, host="0.0.0.0", port=0)
+
+
+async def test_stopping_with_a_client_connection_still_open_is_clean():
+    import http.client
+
+    app = create_app(lambda: HealthState("available", None, LAYERS), Metrics())
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(lambda task_status: serve(app, port=0, task_status=task_status))
+
+            def keep_alive() -> http.client.HTTPConnection:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.request("GET", "/v2/health/live")
+                connection.getresponse().read()
+                return connection  # left open: a scraper's keep-alive connection
+
+            connection = await anyio.to_thread.run_sync(keep_alive)
+            tg.cancel_scope.cancel()  # must not fail inside the server
+    connection.close()

@@ -173,3 +173,13 @@ def test_zeromq_reaches_a_subscriber_in_another_process():
     finally:
         child.kill()
         sink.close()
+
+
+def test_a_json_lines_sink_that_cannot_write_fails_alone(tmp_path):
+    sink = JsonLinesSink("/dev/full")
+    for seq in range(5):
+        sink.publish(message(seq))  # never raises, never blocks
+    sink.close()
+    assert sink.failed is not None and "OSError" in sink.failed
+    sink.publish(message(9))
+    assert sink.dropped >= 1

@@ -162,13 +162,29 @@ async def serve(
     sock.setblocking(False)
     bound = sock.getsockname()[1]
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) the socket from here
-    stopping = anyio.Event()  # never set: cancelling this task stops the server
-    task_status.started(bound)
     if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve as serve_trio
-
-        await serve_trio(app, config, shutdown_trigger=stopping.wait)  # type: ignore[arg-type]
+        from hypercorn.trio import serve as hypercorn_serve
     else:
-        from hypercorn.asyncio import serve as serve_asyncio
+        from hypercorn.asyncio import serve as hypercorn_serve  # type: ignore[assignment]
+    # hypercorn stops cleanly through its shutdown trigger; cancelling it while a client keeps a
+    # connection open fails inside hypercorn. So: shielded, stopped by the trigger, bounded.
+    stopping, stopped = anyio.Event(), anyio.Event()
+    shield = anyio.CancelScope(shield=True)
 
-        await serve_asyncio(app, config, shutdown_trigger=stopping.wait)  # type: ignore[arg-type]
+    async def server() -> None:
+        try:
+            with shield:
+                await hypercorn_serve(app, config, shutdown_trigger=stopping.wait)  # type: ignore[arg-type]
+        finally:
+            stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server)
+        task_status.started(bound)
+        try:
+            await anyio.Event().wait()  # until cancelled
+        finally:
+            stopping.set()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(config.graceful_timeout + 1):
+                await stopped.wait()
+            shield.cancel()  # a server that did not stop in time is cancelled after all

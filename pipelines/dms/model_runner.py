@@ -210,6 +210,10 @@ class OnnxRunner:
             )
         return flat
 
+    def close(self) -> None:
+        """Let the runner's worker thread end (once the run in progress, if any, returns)."""
+        self._worker.close()
+
     def run_blocking(self, img: npt.ArrayLike, calib: npt.ArrayLike) -> FloatArray:
         """One run on the calling thread, with no bound of its own: for a simulated device's
         kernel, which runs it on a worker thread and is bounded as device work is. Do not mix

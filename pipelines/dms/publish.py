@@ -16,7 +16,9 @@ the same JSON record. Nothing here blocks the event loop or waits on a consumer:
 from __future__ import annotations
 
 import ipaddress
+import queue
 import sys
+import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,11 +28,14 @@ from urllib.parse import urlsplit
 import anyio
 import zmq
 
+from aio_runtime import get_logger
+
 from .messages import DriverStateV2
 
 __all__ = ["JsonLinesSink", "Sink", "Subscriptions", "ZmqSink"]
 
 TOPIC = b"driverStateV2"
+_log = get_logger("pipelines.dms.publish")
 
 
 class Sink(Protocol):
@@ -135,21 +140,56 @@ class ZmqSink:
 
 
 class JsonLinesSink:
-    """One JSON record per line, to ``path`` (``"-"``: standard output)."""
+    """One JSON record per line, to ``path`` (``"-"``: standard output).
 
-    def __init__(self, path: str | Path) -> None:
+    Writing happens on a worker thread of its own, so a slow or stalled reader (a full pipe) never
+    blocks the event loop: up to ``backlog`` lines wait, and past that the newest are dropped and
+    counted (``dropped``). A write that fails (a broken pipe, a full disk) ends this sink — logged
+    and counted in ``failed`` — never the service."""
+
+    def __init__(self, path: str | Path, *, backlog: int = 1000) -> None:
         self._stream: IO[str]
         if str(path) == "-":
             self._stream, self._owned = sys.stdout, False
         else:
             self._stream, self._owned = open(path, "a", encoding="utf-8"), True
+        self._lines: queue.Queue[str | None] = queue.Queue(maxsize=backlog)
         self.written = 0
+        self.dropped = 0
+        self.failed: str | None = None
+        self._thread = threading.Thread(target=self._write_lines, name="jsonl sink", daemon=True)
+        self._thread.start()
 
     def publish(self, message: DriverStateV2) -> None:
-        self._stream.write(message.to_json() + "\n")
-        self._stream.flush()
-        self.written += 1
+        if self.failed is not None:
+            self.dropped += 1
+            return
+        try:
+            self._lines.put_nowait(message.to_json() + "\n")
+        except queue.Full:
+            self.dropped += 1
 
-    def close(self) -> None:
-        if self._owned:
-            self._stream.close()
+    def _write_lines(self) -> None:
+        for line in iter(self._lines.get, None):
+            if self.failed is not None:
+                continue
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+                self.written += 1
+            except (OSError, ValueError) as exc:
+                self.failed = f"{type(exc).__name__}: {exc}"
+                _log.error("jsonl sink failed", error=self.failed)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Write what is queued (for at most ``timeout`` seconds), then close the file."""
+        try:
+            self._lines.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        if self._owned and not self._thread.is_alive():
+            try:
+                self._stream.close()
+            except OSError as exc:  # what could not be written is already counted as failed
+                self.failed = self.failed or f"{type(exc).__name__}: {exc}"

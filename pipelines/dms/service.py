@@ -67,6 +67,9 @@ from .warp import MODEL_INPUT_SIZE, Warper
 
 __all__ = ["DmsService", "ServiceConfig", "Summary"]
 
+NO_OUTPUT_UNAVAILABLE = 10
+"""Frames in a row without a valid output (each only DEGRADED) before the service is UNAVAILABLE:
+DEGRADED is for isolated failures."""
 GPU_MISSES_UNAVAILABLE = 3
 """Frames in a row over budget waiting for the accelerator before it counts as stuck (UNAVAILABLE,
 session restarted) rather than slow (DEGRADED)."""
@@ -177,6 +180,11 @@ class DmsService:
         """Why there is no model to run, while there is none."""
         self._gpu_misses = 0
         """Frames in a row that ran out of budget waiting for the accelerator."""
+        self._runners: list[OnnxRunner] = []
+        self._jobs: dict[int, _Job] = {}
+        """Frames received and not yet published or dropped, by number."""
+        self._without_output = 0
+        """Frames in a row that produced no valid output."""
         self.health_port: int | None = None
         self._plan: FaultPlan | None = None
         self._done = anyio.Event()
@@ -225,9 +233,9 @@ class DmsService:
 
     async def _run(self) -> None:
         cfg = self.config
-        warp_slot: LatestSlot[_Job] = LatestSlot("warp", lambda job: self._drop("warp"))
-        model_slot: LatestSlot[_Job] = LatestSlot("model", lambda job: self._drop("model"))
-        decode_slot: LatestSlot[_Job] = LatestSlot("decode", lambda job: self._drop("decode"))
+        warp_slot: LatestSlot[_Job] = LatestSlot("warp", lambda job: self._drop("warp", job))
+        model_slot: LatestSlot[_Job] = LatestSlot("model", lambda job: self._drop("model", job))
+        decode_slot: LatestSlot[_Job] = LatestSlot("decode", lambda job: self._drop("decode", job))
         try:
             async with anyio.create_task_group() as services:
                 services.start_soon(self._follow_availability)
@@ -253,18 +261,31 @@ class DmsService:
                     await self._camera_stage(warp_slot)
                 services.cancel_scope.cancel()
         finally:
-            for slot in (warp_slot, model_slot, decode_slot):
-                if slot.drain() is not None:
-                    self._drop("shutdown")
+            # Frames still waiting or being worked on when the service stops are dropped,
+            # counted: never lost.
+            for job in list(self._jobs.values()):
+                self._drop("shutdown", job)
+            for runner in self._runners:
+                runner.close()
             self._done.set()
 
-    def _drop(self, stage: str) -> None:
+    def _drop(self, stage: str, job: _Job) -> None:
+        if self._jobs.pop(job.number, None) is None:
+            return  # already ended
         self.summary.frames.drop(stage)
         self.metrics.frames_dropped.labels(stage=stage).inc()
 
     async def _camera_stage(self, warp_slot: LatestSlot[_Job]) -> None:
+        try:
+            source = self._source if self._source is not None else self._open_camera()
+            await self._frames_from(source, warp_slot)
+        except Exception as exc:  # a source that fails ends the stream, reported, not a crash
+            _log.error("camera failed", error=repr(exc))
+            self.availability.report_unavailable(f"camera: {type(exc).__name__}: {exc}")
+        warp_slot.close()
+
+    async def _frames_from(self, source: Any, warp_slot: LatestSlot[_Job]) -> None:
         cfg = self.config
-        source = self._source if self._source is not None else self._open_camera()
         started = now()
         number = 0
         async with contextlib.aclosing(source) if hasattr(source, "aclose") else _null():
@@ -279,11 +300,11 @@ class DmsService:
                     continue
                 self._frame_arrived.set()
                 self.summary.frames.receive()
+                job = _Job(frame, number, frame.timestamp_sof / 1e9 + cfg.budget)
+                self._jobs[number] = job
                 self.metrics.frames_in.inc()
-                deadline = frame.timestamp_sof / 1e9 + cfg.budget
-                warp_slot.put(_Job(frame, number, deadline))
+                warp_slot.put(job)
                 number += 1
-        warp_slot.close()
 
     def _open_camera(self) -> Any:
         cfg = self.config
@@ -325,15 +346,9 @@ class DmsService:
                     timeout=self.config.camera_stall_after,
                 )
                 self._frame_arrived = anyio.Event()
-            except CameraTimeout as exc:
+            except CameraTimeout as exc:  # reported again each period while the camera is out
                 self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
                 self.availability.report_unavailable(f"camera: {exc.message}")
-                await wait_complete(
-                    self._frame_arrived,
-                    awaited="the camera to return",
-                    error=CameraTimeout,
-                    timeout=3600.0,
-                )
 
     async def _warp_stage(
         self,
@@ -461,6 +476,7 @@ class DmsService:
         if not decoded.valid:
             self._publish_invalid(job, f"invalid output: {decoded.reason}", degraded=True)
             return
+        self._without_output = 0
         stale = calib is None or now() - calib[1] > cfg.calib_stale_after
         if stale:
             self.availability.report_degraded("calibration missing or stale")
@@ -479,9 +495,12 @@ class DmsService:
         )
 
     def _publish_invalid(self, job: _Job, reason: str, *, degraded: bool = False) -> None:
-        if degraded:
-            self.availability.report_degraded(reason)
+        self._without_output += 1
+        if degraded and self._without_output < NO_OUTPUT_UNAVAILABLE:
+            self.availability.report_degraded(reason)  # an isolated failure
         else:
+            if degraded:  # not isolated any more: nothing trustworthy comes out
+                reason = f"no valid output for {self._without_output} frames: {reason}"
             self.availability.report_unavailable(reason)
         self._publish(job, valid=False, reason=reason)
 
@@ -524,6 +543,7 @@ class DmsService:
             ),
         )
         self._seq += 1
+        self._jobs.pop(job.number, None)
         for sink in self._sinks:
             sink.publish(message)
         self.summary.frames.published(message.valid, "" if message.valid else message.reason)
@@ -556,14 +576,17 @@ class DmsService:
         )
         self._slices = contract.output_slices
         if cfg.device == "cpu":
-            self._model = await OnnxRunner.open(
+            runner = await OnnxRunner.open(
                 path, timeout=cfg.model_load_timeout, intra_op_threads=cfg.intra_op_threads
             )
+            self._runners.append(runner)
+            self._model = runner
             for layer in (ReadinessLayer.DEVICE_ONLINE, ReadinessLayer.FIRMWARE_READY):
                 self.readiness.mark_up(layer)
             self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
             return
         runner = OnnxRunner(path, intra_op_threads=cfg.intra_op_threads, contract=contract)
+        self._runners.append(runner)
 
         def infer(img: np.ndarray, calib: np.ndarray) -> np.ndarray:
             return runner.run_blocking(img, calib)
