@@ -175,3 +175,37 @@ async def test_completing_twice_from_a_thread_keeps_the_first_result():
     thread.join()
     await anyio.sleep(0.01)  # the second hand-off runs on the loop and is dropped quietly
     assert completion.result() == 1
+
+
+async def test_a_worker_thread_runs_its_calls_in_order_on_one_thread_and_ends_when_closed():
+    import threading
+
+    from aio_runtime import WorkerThread
+
+    worker = WorkerThread("test worker")
+    names: list[str] = []
+
+    def call(n: int) -> int:
+        names.append(threading.current_thread().name)
+        return n * 2
+
+    ledger = Ledger()
+    with use_ledger(ledger):
+        results = [
+            await run_in_thread(
+                lambda n=n: call(n),
+                awaited=f"call {n}",
+                error=ModelTimeout,
+                worker=worker,
+                timeout=5,
+            )
+            for n in range(3)
+        ]
+    assert results == [0, 2, 4]
+    assert names == ["test worker"] * 3  # no thread started per call
+    ledger.assert_empty()
+    worker.close()
+    thread = worker._thread
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive()
