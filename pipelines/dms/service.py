@@ -425,6 +425,9 @@ class DmsService:
         if model is None:
             self._publish_invalid(job, f"model unavailable: {self._device_state}")
             return False
+        # This session's failure signal: a failure seen after a restart began must not restart
+        # the next session.
+        failed = self._device_failed
         job.calib = calib
         start = time.perf_counter()
         vector = calib[0] if calib is not None else np.zeros((1, 3), np.float32)
@@ -450,7 +453,7 @@ class DmsService:
                         f"{exc.layer}: {self._gpu_misses} frames in a row over budget waiting "
                         f"for the accelerator ({exc.message})",
                     )
-                    self._device_failed.set()
+                    failed.set()
                     return False
             self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
             return False
@@ -458,7 +461,7 @@ class DmsService:
             self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
             self._publish_invalid(job, f"{exc.layer}: {exc.message}")
             if cfg.device == "sim":
-                self._device_failed.set()
+                failed.set()
             return False
         self._gpu_misses = 0
         job.stages["model"] = time.perf_counter() - start
