@@ -132,3 +132,26 @@ async def test_frames_in_flight_when_the_service_is_stopped_are_counted_as_dropp
         frames = service.summary.frames
         frames.check()  # every frame received is published or dropped
         assert frames.received > 0
+
+
+async def test_a_non_finite_calibration_sample_is_rejected_and_named():
+    from pipelines.dms.camera_sources import SyntheticCalibration
+
+    config = ServiceConfig(device="cpu", health_port=None, frames=40, calib_stale_after=0.2)
+    calibration = SyntheticCalibration(rate=20.0, nan_at=range(3, 1000))  # NaN from sample 3 on
+    with anyio.fail_after(60):
+        async with DmsService(config, calibration=calibration) as service:
+            messages = []
+
+            async def collect():
+                async for message in service.messages(backlog=1000):
+                    messages.append(message)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collect)
+                await service.finished()
+                tg.cancel_scope.cancel()
+    late = [m for m in messages if m.frame_id >= 20]
+    assert late and all(not m.valid for m in late)
+    assert any("calibration rejected" in m.reason for m in late)
+    assert service.health().readiness["taskComplete"] is True  # the model ran

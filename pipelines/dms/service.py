@@ -158,9 +158,15 @@ class DmsService:
     ``service.transitions()`` follow it; ``await service.finished()`` waits for the end (frames
     or duration reached)."""
 
-    def __init__(self, config: ServiceConfig | None = None, *, source: Any = None) -> None:
+    def __init__(
+        self, config: ServiceConfig | None = None, *, source: Any = None, calibration: Any = None
+    ) -> None:
+        """``source``: a frame source instead of ``config.camera``; ``calibration``: an async
+        iterable of calibration samples instead of the synthetic stream (with no static
+        ``config.calib``)."""
         self.config = config or ServiceConfig()
         self._source = source
+        self._calibration_source = calibration
         self.availability = AvailabilityMachine(
             recover_after=self.config.recover_after, initial_reason="starting"
         )
@@ -181,6 +187,10 @@ class DmsService:
         self._gpu_misses = 0
         """Frames in a row that ran out of budget waiting for the accelerator."""
         self._runners: list[OnnxRunner] = []
+        self._calib_rejected = ""
+        """Why the latest calibration sample was refused (non-finite), while it is the latest."""
+        self._last_outcome = (False, False)
+        """The last frame's task complete / output valid, for the health endpoints."""
         self._jobs: dict[int, _Job] = {}
         """Frames received and not yet published or dropped, by number."""
         self._without_output = 0
@@ -225,8 +235,11 @@ class DmsService:
             yield stream
 
     def health(self) -> HealthState:
+        """Availability, and the readiness layers: the device's, then whether the last frame's
+        task completed and its output was valid."""
         state = self.availability.state
         layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
+        layers["taskComplete"], layers["outputValid"] = self._last_outcome
         return HealthState(state.availability.value, state.reason, layers)
 
     # -- the pipeline --------------------------------------------------------------------------
@@ -477,12 +490,15 @@ class DmsService:
             output = np.full_like(output, np.nan)
         decoded = decode(output, self._slices)
         if not decoded.valid:
-            self._publish_invalid(job, f"invalid output: {decoded.reason}", degraded=True)
+            self._publish_invalid(
+                job, f"invalid output: {decoded.reason}", degraded=True, output=output
+            )
             return
         self._without_output = 0
         stale = calib is None or now() - calib[1] > cfg.calib_stale_after
+        calib_reason = self._calib_rejected or "calibration missing or stale"
         if stale:
-            self.availability.report_degraded("calibration missing or stale")
+            self.availability.report_degraded(calib_reason)
         else:
             self.availability.report_good()
         fresh = now() <= job.deadline
@@ -490,14 +506,21 @@ class DmsService:
         self._publish(
             job,
             valid=fresh and not stale and available,
-            reason="" if not stale else "calibration missing or stale",
+            reason="" if not stale else calib_reason,
             fields=decoded.fields,
             output=output,
             model_time=sum(job.stages.values()),
             gpu_time=job.gpu_time,
         )
 
-    def _publish_invalid(self, job: _Job, reason: str, *, degraded: bool = False) -> None:
+    def _publish_invalid(
+        self,
+        job: _Job,
+        reason: str,
+        *,
+        degraded: bool = False,
+        output: np.ndarray | None = None,
+    ) -> None:
         self._without_output += 1
         if degraded and self._without_output < NO_OUTPUT_UNAVAILABLE:
             self.availability.report_degraded(reason)  # an isolated failure
@@ -505,7 +528,7 @@ class DmsService:
             if degraded:  # not isolated any more: nothing trustworthy comes out
                 reason = f"no valid output for {self._without_output} frames: {reason}"
             self.availability.report_unavailable(reason)
-        self._publish(job, valid=False, reason=reason)
+        self._publish(job, valid=False, reason=reason, output=output)
 
     def _publish(
         self,
@@ -521,8 +544,9 @@ class DmsService:
         frame = job.frame
         age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
         layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
-        layers["taskComplete"] = fields is not None
+        layers["taskComplete"] = output is not None or fields is not None
         layers["outputValid"] = fields is not None
+        self._last_outcome = (layers["taskComplete"], layers["outputValid"])
         state = self.availability.state
         message = DriverStateV2(
             seq=self._seq,
@@ -561,10 +585,15 @@ class DmsService:
         if cfg.calib is not None:
             self._calib = (_check_calib(cfg.calib), math.inf)  # static: never stale
             return
-        async with SyntheticCalibration() as stream:
+        stream = self._calibration_source or SyntheticCalibration()
+        async with contextlib.aclosing(stream) if hasattr(stream, "aclose") else _null():
             async for sample in stream:
-                values = np.asarray(sample.rpy, dtype=np.float32).reshape(1, 3)
-                self._calib = (values, sample.timestamp_ns / 1e9)
+                values = np.asarray(sample.rpy, dtype=np.float64).reshape(1, 3)
+                if not np.isfinite(values).all():  # rejected: the last good one ages instead
+                    self._calib_rejected = f"calibration rejected: {values.ravel().tolist()}"
+                    continue
+                self._calib_rejected = ""
+                self._calib = (values.astype(np.float32), sample.timestamp_ns / 1e9)
 
     async def _device(self) -> None:
         """Open the model (and the accelerator); reopen it with backoff whenever it fails."""
