@@ -21,6 +21,7 @@ when enabled: base64 of the little-endian float32 output). Added here:
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -116,6 +117,11 @@ class DriverStateV2:
         return record
 
     def to_json(self) -> str:
+        """The record as compact JSON, encoded once however many sinks ask for it."""
+        return self._json
+
+    @functools.cached_property
+    def _json(self) -> str:
         return json.dumps(self.to_record(), separators=(",", ":"), allow_nan=False)
 
 

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ from .warp import MODEL_INPUT_SIZE, Warper
 
 __all__ = ["DmsService", "ServiceConfig", "Summary"]
 
+FRAME_AGES_KEPT = 100_000
+"""Frame ages kept for the summary's percentiles: the latest ~80 minutes at 20 Hz."""
 NO_OUTPUT_UNAVAILABLE = 10
 """Frames in a row without a valid output (each only DEGRADED) before the service is UNAVAILABLE:
 DEGRADED is for isolated failures."""
@@ -134,7 +137,8 @@ def _check_calib(calib: Any) -> np.ndarray:
 @dataclass
 class Summary:
     frames: FrameAccounting
-    frame_ages: list[float] = field(default_factory=list)
+    frame_ages: deque[float] = field(default_factory=lambda: deque(maxlen=FRAME_AGES_KEPT))
+    """The latest frames' ages (bounded: a service runs for days)."""
     transitions: list[tuple[float, str]] = field(default_factory=list)
 
     def latency_ms(self, q: float) -> float:
@@ -301,7 +305,7 @@ class DmsService:
         cfg = self.config
         started = now()
         number = 0
-        async with contextlib.aclosing(source) if hasattr(source, "aclose") else _null():
+        async with _closing(source):
             async for frame in source:
                 if cfg.frames is not None and number >= cfg.frames:
                     break
@@ -586,7 +590,7 @@ class DmsService:
             self._calib = (_check_calib(cfg.calib), math.inf)  # static: never stale
             return
         stream = self._calibration_source or SyntheticCalibration()
-        async with contextlib.aclosing(stream) if hasattr(stream, "aclose") else _null():
+        async with _closing(stream):
             async for sample in stream:
                 values = np.asarray(sample.rpy, dtype=np.float64).reshape(1, 3)
                 if not np.isfinite(values).all():  # rejected: the last good one ages instead
@@ -685,9 +689,9 @@ async def _serve_health(
     await serve(app, host=host, port=port, task_status=task_status)
 
 
-@contextlib.asynccontextmanager
-async def _null() -> AsyncIterator[None]:
-    yield
+def _closing(source: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+    """Close a source that can be closed when the block ends; leave a plain iterable be."""
+    return contextlib.aclosing(source) if hasattr(source, "aclose") else contextlib.nullcontext()
 
 
 def _plan_warps() -> dict[tuple[int, int, int], Warper]:

@@ -32,6 +32,7 @@ __all__ = [
     "describe_bulk",
     "describe_control",
     "library_timeout_ms",
+    "require_length",
 ]
 
 T = TypeVar("T")
@@ -75,6 +76,18 @@ class ShortTransfer(TransferError):
         super().__init__(message, awaited=awaited)
         self.expected = expected
         self.actual = actual
+
+
+def require_length(awaited: str, actual: int, expected: int) -> None:
+    """Every backend's rule: a transfer moves exactly the bytes asked for, else
+    :class:`ShortTransfer`."""
+    if actual != expected:
+        raise ShortTransfer(
+            f"{awaited}: {actual} of {expected} bytes",
+            expected=expected,
+            actual=actual,
+            awaited=awaited,
+        )
 
 
 class UsbTransfer(Generic[T]):

@@ -45,12 +45,12 @@ from aio_runtime import (
 )
 
 from .base import (
-    ShortTransfer,
     UsbStall,
     UsbTransfer,
     describe_bulk,
     describe_control,
     library_timeout_ms,
+    require_length,
 )
 from .libusb_loop import LibusbContext
 
@@ -91,13 +91,7 @@ def transfer_outcome(
     """
     awaited = bound.awaited
     if status == usb1.TRANSFER_COMPLETED:
-        if actual != exact:
-            raise ShortTransfer(
-                f"{awaited}: {actual} of {exact} bytes",
-                expected=exact,
-                actual=actual,
-                awaited=awaited,
-            )
+        require_length(awaited, actual, exact)
         return data if is_in else None
     if status == usb1.TRANSFER_TIMED_OUT:
         raise bound.timed_out()

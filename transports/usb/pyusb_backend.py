@@ -49,12 +49,12 @@ from aio_runtime import (
 )
 
 from .base import (
-    ShortTransfer,
     UsbStall,
     UsbTransfer,
     describe_bulk,
     describe_control,
     library_timeout_ms,
+    require_length,
 )
 
 __all__ = ["PyusbTransport", "open_pyusb_bridge", "pyusb_error"]
@@ -77,13 +77,6 @@ def pyusb_error(exc: BaseException, bound: WaitBound) -> BaseException:
     if code == _LIBUSB_ERROR_NO_DEVICE:
         return DeviceLost(f"{awaited}: no device", layer=Layer.USB_TRANSFER, awaited=awaited)
     return TransferError(f"{awaited}: {exc.strerror}", awaited=awaited, layer=Layer.USB_TRANSFER)
-
-
-def _require(count: int, exact: int, awaited: str) -> None:
-    if count != exact:
-        raise ShortTransfer(
-            f"{awaited}: {count} of {exact} bytes", expected=exact, actual=count, awaited=awaited
-        )
 
 
 class PyusbTransport:
@@ -174,7 +167,7 @@ class PyusbTransport:
         """An OUT call returns how many bytes it sent: all of them, or ShortTransfer."""
 
         def check(count: int) -> None:
-            _require(int(count), exact, awaited)
+            require_length(awaited, int(count), exact)
 
         return check
 
@@ -183,7 +176,7 @@ class PyusbTransport:
         """An IN call returns the bytes it received: exactly ``exact``, or ShortTransfer."""
 
         def check(data: Any) -> bytes:
-            _require(len(data), exact, awaited)
+            require_length(awaited, len(data), exact)
             return bytes(data)
 
         return check

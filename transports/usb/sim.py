@@ -28,11 +28,11 @@ from ..sim.urb import SimUrb, UrbStatus
 from .base import (
     CONTROL_IN,
     CONTROL_OUT,
-    ShortTransfer,
     UsbStall,
     UsbTransfer,
     describe_bulk,
     describe_control,
+    require_length,
 )
 
 __all__ = ["SimUsbTransport"]
@@ -105,13 +105,7 @@ class SimUsbTransport:
                 awaited=awaited,
                 layer=Layer.USB_TRANSFER,
             )
-        if urb.actual != exact:
-            raise ShortTransfer(
-                f"{awaited}: {urb.actual} of {exact} bytes",
-                expected=exact,
-                actual=urb.actual,
-                awaited=awaited,
-            )
+        require_length(awaited, urb.actual, exact)
         return urb.result if urb.is_in else None
 
     async def control_out(
