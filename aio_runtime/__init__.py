@@ -48,7 +48,7 @@ from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait
 from .ownership import Ledger, LedgerEntry, Owned, Stages, current_ledger, use_ledger
 from .signals import Fence, TimelineSignal
 from .supervision import Backoff, Supervisor, SupervisorStatistics
-from .threads import WorkerThread, run_in_thread
+from .threads import PendingCall, WorkerThread, run_in_thread
 from .waits import (
     DEFAULT_POLICY,
     PollPolicy,
@@ -110,6 +110,7 @@ __all__ = [
     "Watch",
     "WatcherStatistics",
     "WatcherStopped",
+    "PendingCall",
     "WorkerThread",
     "configure_logging",
     "current_deadline",

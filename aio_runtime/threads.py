@@ -14,7 +14,8 @@ others. Hot paths (a stage that runs a call every frame) pass a :class:`WorkerTh
 long-lived thread that runs its calls in order, so starting a thread — which waits for the new
 thread to take the GIL, up to the interpreter's switch interval on a busy process — never stalls
 the event loop. A call that never returns then holds up the later calls on that worker (each still
-bounded). The call runs in a copy of the caller's context (log context, ledger).
+bounded; one whose bound is reached while it is still queued is withdrawn at once, never run).
+The call runs in a copy of the caller's context (log context, ledger).
 """
 
 from __future__ import annotations
@@ -31,30 +32,61 @@ from .errors import HardwareTimeout, Layer
 from .ownership import current_ledger
 from .waits import WaitBound, _resolve, wait_complete
 
-__all__ = ["WorkerThread", "run_in_thread"]
+__all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 
 T = TypeVar("T")
+
+
+class PendingCall:
+    """A call handed to a :class:`WorkerThread`. :meth:`withdraw` takes it back while it is still
+    queued (behind the calls before it): then it never runs."""
+
+    __slots__ = ("_lock", "_started", "_withdrawn", "_work")
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._work = work
+        self._lock = threading.Lock()
+        self._started = False
+        self._withdrawn = False
+
+    def withdraw(self) -> bool:
+        """True if the call had not started and now never will; False once it has started."""
+        with self._lock:
+            if not self._started:
+                self._withdrawn = True
+            return self._withdrawn
+
+    def _run(self) -> None:  # on the worker thread
+        with self._lock:
+            if self._withdrawn:
+                return
+            self._started = True
+        self._work()
 
 
 class WorkerThread:
     """A long-lived daemon thread that runs the calls handed to it, one at a time, in order.
 
-    Started on its first call; :meth:`close` lets it end once its queue is empty."""
+    Started on its first call; :meth:`close` lets it end once its queue is empty. A call may be
+    handed over while another runs: it waits in the queue, and the thread goes from one call to
+    the next without a round trip through the event loop."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[PendingCall | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def submit(self, work: Callable[[], None]) -> None:
+    def submit(self, work: Callable[[], None]) -> PendingCall:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
             self._thread.start()
-        self._calls.put(work)
+        call = PendingCall(work)
+        self._calls.put(call)
+        return call
 
     def _serve(self) -> None:
-        for work in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
-            work()
+        for call in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
+            call._run()
 
     def close(self) -> None:
         if self._thread is not None:
@@ -101,14 +133,29 @@ async def run_in_thread(
             ledger.close(entry)
             setter.set_result(result)
 
+    ask_to_stop = cancel or _no_stop_request
+    stop = ask_to_stop
+    withdrawn = False
     if worker is not None:
-        worker.submit(work)
+        call = worker.submit(work)
+
+        def withdraw_or_stop() -> None:
+            nonlocal withdrawn
+            if call.withdraw():  # still queued behind another call: it never runs
+                withdrawn = True
+                ledger.close(entry)
+                done.set_exception(RuntimeError(f"{awaited}: withdrawn before it started"))
+            else:
+                ask_to_stop()
+
+        stop = withdraw_or_stop
     else:
         threading.Thread(target=work, name=f"worker: {awaited}", daemon=True).start()
-    return await wait_complete(
-        done,
-        awaited=awaited,
-        within=bound,
-        cancel=cancel or _no_stop_request,
-        drain_timeout=drain_timeout,
-    )
+    try:
+        return await wait_complete(
+            done, awaited=awaited, within=bound, cancel=stop, drain_timeout=drain_timeout
+        )
+    except BaseException as exc:
+        if withdrawn and worker is not None:
+            exc.add_note(f"it never started: still queued behind an earlier call on {worker.name!r}")
+        raise

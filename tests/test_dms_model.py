@@ -46,7 +46,12 @@ from pipelines.dms.model import (
     parse_output_slices,
     safe_unpickle,
 )
-from pipelines.dms.model_runner import ModelInputError, ModelRunFailed, OnnxRunner
+from pipelines.dms.model_runner import (
+    ModelInputError,
+    ModelRunFailed,
+    OnnxRunner,
+    RunSuperseded,
+)
 from pipelines.dms.reference_model import (
     CACHE_ENV,
     REFERENCE_CHECKPOINT,
@@ -643,9 +648,63 @@ async def test_waiting_for_the_runner_counts_against_the_waiting_runs_bound(stal
             tg.start_soon(run, "first", 0.15)
             await anyio.wait_all_tasks_blocked()
             tg.start_soon(run, "second", 0.03)
-    assert "the model runner (an earlier run)" in str(errors["second"])
+    assert "never started: still queued behind an earlier call" in str(errors["second"].__notes__)
     assert "model run (stall.onnx)" in str(errors["first"])
     assert runner.statistics().runs == 1  # the second never started a run
+
+
+class Gated:
+    """A session whose runs wait for a gate, recording the calibration each run was given."""
+
+    def __init__(self, session) -> None:
+        self._session = session
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.seen: list[float] = []
+
+    def run(self, names, feeds, options):
+        self.seen.append(float(feeds["calib"][0, 0]))
+        self.entered.set()
+        self.gate.wait(10.0)
+        return self._session.run(names, feeds, options)
+
+
+async def test_a_waiting_run_is_replaced_by_a_newer_one_and_never_runs(reference_path, monkeypatch):
+    runner = OnnxRunner(reference_path)
+    gated = Gated(runner._session)
+    monkeypatch.setattr(runner, "_session", gated)
+    outcomes: dict[int, object] = {}
+    replaced = anyio.Event()
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await runner.run(
+                IMAGE, [float(i), 0.0, 0.0], timeout=5.0, replace_waiting=True
+            )
+        except RunSuperseded as exc:
+            outcomes[i] = exc
+            replaced.set()
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 1)
+                # the first run is in progress on the runner's thread
+                await anyio.to_thread.run_sync(gated.entered.wait, 5.0)
+                tg.start_soon(one, 2)
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(one, 3)
+                with anyio.fail_after(1):  # replaced at once, not when the first run ends
+                    await replaced.wait()
+                assert 2 in outcomes and 1 not in outcomes
+                gated.gate.set()
+    finally:
+        gated.gate.set()
+    assert gated.seen == [1.0, 3.0]  # the replaced run never reached onnxruntime
+    assert isinstance(outcomes[2], RunSuperseded)
+    assert all(isinstance(outcomes[i], np.ndarray) for i in (1, 3))
+    stats = runner.statistics()
+    assert (stats.runs, stats.completed, stats.superseded) == (2, 2, 1)
 
 
 class IgnoresTerminate:
@@ -671,8 +730,9 @@ async def test_a_run_that_will_not_stop_is_in_flight_and_the_next_run_waits_for_
                 await runner.run(IMAGE, CALIB, timeout=0.02)
             assert info.value.in_flight is True
             assert runner.statistics().in_flight
-            with pytest.raises(ModelTimeout, match="an earlier model run to stop"):
+            with pytest.raises(ModelTimeout) as waited:
                 await runner.run(IMAGE, CALIB, timeout=0.03)
+            assert "never started: still queued behind" in str(waited.value.__notes__)
             stuck.release.set()
             out = await runner.run(IMAGE, CALIB, timeout=5.0)
         assert out.shape == (553,)

@@ -209,3 +209,42 @@ async def test_a_worker_thread_runs_its_calls_in_order_on_one_thread_and_ends_wh
     assert thread is not None
     thread.join(5)
     assert not thread.is_alive()
+
+
+async def test_a_call_whose_bound_ends_while_queued_on_a_worker_is_withdrawn_at_once():
+    from aio_runtime import WorkerThread
+
+    worker = WorkerThread("busy worker")
+    release = threading.Event()
+    ran: list[str] = []
+    ledger = Ledger()
+    with use_ledger(ledger), anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_in_thread(
+                    lambda: (release.wait(5), ran.append("first")),
+                    awaited="the first call",
+                    error=ModelTimeout,
+                    timeout=5,
+                    worker=worker,
+                )
+            )
+            await anyio.wait_all_tasks_blocked()
+            start = time.perf_counter()
+            with pytest.raises(ModelTimeout, match="the second call") as info:
+                await run_in_thread(
+                    lambda: ran.append("second"),
+                    awaited="the second call",
+                    error=ModelTimeout,
+                    timeout=0.05,
+                    worker=worker,
+                    drain_timeout=2.0,
+                )
+            elapsed = time.perf_counter() - start
+            release.set()
+    assert elapsed < 1.0  # not drained: a queued call is taken back, not waited for
+    assert "never started: still queued behind an earlier call" in str(info.value.__notes__)
+    assert info.value.in_flight is False
+    assert ran == ["first"]  # the withdrawn call never ran
+    ledger.assert_empty()
+    worker.close()

@@ -9,14 +9,16 @@ and runs it with :meth:`OnnxRunner.run`:
   ``deadline_scope`` such as a frame's (:class:`~aio_runtime.BudgetExhausted`). When the bound is
   reached the run is asked to stop — ``RunOptions.terminate = True``, which onnxruntime checks
   between nodes — and the thread is awaited (shielded, at most ``drain_timeout``) before the error
-  is raised, so the runner's buffers are never reused under a run still in flight. A run that does
-  not stop in time is reported (``in_flight = True``), and the next run first waits for it, within
-  its own bound.
-* Runs never overlap: one at a time, in order of arrival; waiting for the runner counts against the
-  waiting run's bound.
-* The inputs are copied into the runner's own buffers before the run starts, and the output is
-  copied out before the next run can start: the caller may reuse its arrays as soon as ``run``
-  returns, and the returned array is the caller's.
+  is raised, so the inputs are never released under a run still in flight. A run that does not
+  stop in time is reported (``in_flight = True``); the later runs wait for it, each within its own
+  bound (one whose bound is reached while it waits is withdrawn, never run).
+* Runs never overlap: one at a time on the runner's thread, in order of arrival; waiting for the
+  runner counts against the waiting run's bound. A run asked for while another is in progress is
+  handed to the thread at once, so it starts the moment the earlier one returns (no round trip
+  through the event loop between two runs); with ``replace_waiting`` a newer run withdraws one
+  still waiting (:class:`RunSuperseded`).
+* The inputs are copied for the run (unless ``handed_over``) and the output is copied out: the
+  caller may reuse its arrays as soon as ``run`` returns, and the returned array is the caller's.
 
 Errors: :class:`~aio_runtime.ModelTimeout` / :class:`~aio_runtime.BudgetExhausted` (overrun),
 :class:`~aio_runtime.InvalidOutput` (the output is not the length the contract says),
@@ -36,7 +38,6 @@ import numpy.typing as npt
 import onnxruntime as ort  # type: ignore[import-untyped]
 
 from aio_runtime import (
-    Completion,
     InvalidOutput,
     Layer,
     ModelTimeout,
@@ -45,7 +46,6 @@ from aio_runtime import (
     WorkerThread,
     run_in_thread,
     validate_timeout,
-    wait_complete,
 )
 
 from .model import (
@@ -62,6 +62,7 @@ __all__ = [
     "ModelInputError",
     "ModelRunFailed",
     "OnnxRunner",
+    "RunSuperseded",
     "RunnerStatistics",
 ]
 
@@ -72,6 +73,11 @@ class ModelInputError(ValueError):
     """An input does not fit the model's contract; nothing was run."""
 
 
+class RunSuperseded(Exception):
+    """The run was withdrawn before it started, in favour of a later one (``replace_waiting``):
+    nothing ran; not a fault."""
+
+
 class ModelRunFailed(RuntimeFault):
     """onnxruntime reported an error for a run it was not asked to stop."""
 
@@ -80,7 +86,8 @@ class ModelRunFailed(RuntimeFault):
 
 @dataclass(frozen=True)
 class RunnerStatistics:
-    """Counts since the runner was made. ``terminated``: runs onnxruntime stopped on request."""
+    """Counts since the runner was made. ``runs``: runs started; ``terminated``: runs
+    onnxruntime stopped on request."""
 
     runs: int
     completed: int
@@ -88,6 +95,8 @@ class RunnerStatistics:
     terminated: int
     failed: int
     invalid_output: int
+    superseded: int
+    """Runs withdrawn before they started, in favour of a later one."""
     in_flight: bool
     """A run is still executing (one that did not stop when asked, or one in progress)."""
 
@@ -132,12 +141,11 @@ class OnnxRunner:
         except Exception as exc:
             raise ModelContractError(f"onnxruntime cannot load {self.path}: {exc}") from exc
         self._output_name = self.contract.output.name
-        self._img = np.zeros(INPUT_IMG_SHAPE, dtype=np.uint8)
-        self._calib = np.zeros(CALIB_SHAPE, dtype=np.float32)
-        self._lock: anyio.Lock | None = None  # made on the loop at the first run
         self._worker = WorkerThread(f"model {self.path.name}")
-        """Runs the model: one long-lived thread (no thread start per frame)."""
-        self._previous: Completion[None] | None = None
+        """Runs the model: one long-lived thread, so runs never overlap and follow each other
+        without waiting for the event loop in between."""
+        self._waiting: _Turn | None = None
+        """The latest run asked for (still waiting for the thread, or not any more)."""
         self._counts = {
             "runs": 0,
             "completed": 0,
@@ -145,6 +153,7 @@ class OnnxRunner:
             "terminated": 0,
             "failed": 0,
             "invalid_output": 0,
+            "superseded": 0,
         }
         self._count_lock = threading.Lock()  # the terminated count is kept on the worker thread
 
@@ -169,7 +178,7 @@ class OnnxRunner:
     def statistics(self) -> RunnerStatistics:
         with self._count_lock:
             counts = dict(self._counts)
-        busy = self._previous is not None and not self._previous.done()
+        busy = self._waiting is not None and self._waiting.running
         return RunnerStatistics(**counts, in_flight=busy)
 
     def _count(self, what: str) -> None:
@@ -229,6 +238,7 @@ class OnnxRunner:
         *,
         timeout: float | None = None,
         handed_over: bool = False,
+        replace_waiting: bool = False,
     ) -> FloatArray:
         """Run the model once; return its output, flat, as a new float32 array.
 
@@ -238,51 +248,27 @@ class OnnxRunner:
         default). Bounded by ``timeout`` and any enclosing ``deadline_scope`` (at least one is required:
         :class:`~aio_runtime.UnboundedWaitError` otherwise), including the time spent waiting for
         an earlier run. See the module docstring for the errors.
+
+        A run may be asked for while another is in progress: it waits on the runner's thread and
+        starts the moment the earlier one returns. ``replace_waiting``: a run of this runner that
+        is still waiting is withdrawn in favour of this one — its caller gets
+        :class:`RunSuperseded` at once (latest frame wins).
         """
         image, vector = self._checked_inputs(img, calib)
         awaited = f"model run ({self.path.name})"
         bound = WaitBound(awaited=awaited, error=ModelTimeout, timeout=timeout)
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        try:
-            await bound.run(self._lock.acquire(), awaited="the model runner (an earlier run)")
-        except TimeoutError:
-            self._count("timed_out")
-            raise
-        try:
-            return await self._run_locked(image, vector, bound, awaited, handed_over)
-        finally:
-            self._lock.release()
-
-    async def _run_locked(
-        self,
-        image: npt.NDArray[np.uint8],
-        vector: FloatArray,
-        bound: WaitBound,
-        awaited: str,
-        handed_over: bool = False,
-    ) -> FloatArray:
-        try:
-            if self._previous is not None and not self._previous.done():
-                await wait_complete(
-                    self._previous, awaited="an earlier model run to stop", within=bound
-                )
-        except TimeoutError:
-            self._count("timed_out")
-            raise
-        if handed_over and image.flags.c_contiguous:
-            feed_img = image
-        else:
-            np.copyto(self._img, image)
-            feed_img = self._img
-        np.copyto(self._calib, vector)
+        feed_img = image if handed_over and image.flags.c_contiguous else image.copy()
+        feeds = {INPUT_IMG: feed_img, CALIB: vector.copy()}
         options = ort.RunOptions()
-        finished: Completion[None] = Completion()
-        setter = finished.threadsafe_setter()
-        self._previous = finished
-        feeds = {INPUT_IMG: feed_img, CALIB: self._calib}
+        turn = _Turn()
+        if replace_waiting and self._waiting is not None and self._waiting.supersede():
+            self._waiting.scope.cancel()
+        self._waiting = turn
 
         def call() -> FloatArray:
+            if not turn.start():
+                raise RunSuperseded(f"{awaited}: replaced by a later run before it started")
+            self._count("runs")
             try:
                 (result,) = self._session.run([self._output_name], feeds, options)
                 return np.array(result, dtype=np.float32).reshape(-1)  # a copy: the caller's
@@ -292,26 +278,67 @@ class OnnxRunner:
                     raise
                 raise ModelRunFailed(f"onnxruntime: {exc}", awaited=awaited) from exc
             finally:
-                setter.set_result(None)
+                turn.end()
 
         def terminate() -> None:
             options.terminate = True
 
-        self._count("runs")
         try:
-            flat = await run_in_thread(
-                call,
-                worker=self._worker,
-                awaited=awaited,
-                within=bound,
-                cancel=terminate,
-                drain_timeout=self.drain_timeout,
-            )
+            with turn.scope:
+                flat = await run_in_thread(
+                    call,
+                    worker=self._worker,
+                    awaited=awaited,
+                    within=bound,
+                    cancel=terminate,
+                    drain_timeout=self.drain_timeout,
+                )
         except TimeoutError:
             self._count("timed_out")
             raise
         except ModelRunFailed:
             self._count("failed")
             raise
+        if turn.superseded:
+            self._count("superseded")
+            raise RunSuperseded(f"{awaited}: replaced by a later run before it started")
         self._count("completed")
         return self._checked_output(flat)
+
+
+class _Turn:
+    """One run's place on the runner's thread: waiting, then running — or superseded while it
+    was still waiting (then it never runs)."""
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        """Around the caller's wait: cancelled when the run is superseded."""
+        self._lock = threading.Lock()
+        self._state = "waiting"
+
+    def supersede(self) -> bool:
+        """On the loop: True if the run was still waiting (it will not run now)."""
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "superseded"
+            return self._state == "superseded"
+
+    @property
+    def superseded(self) -> bool:
+        return self._state == "superseded"
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    def start(self) -> bool:
+        """On the runner's thread: False if the run was superseded."""
+        with self._lock:
+            if self._state == "superseded":
+                return False
+            self._state = "running"
+            return True
+
+    def end(self) -> None:
+        with self._lock:
+            self._state = "ended"

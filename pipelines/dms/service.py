@@ -61,7 +61,7 @@ from .endpoints import HealthState, Metrics, create_app, serve
 from .faults import parse_faults
 from .messages import READINESS_LAYERS, DriverStateV2
 from .model import load_contract
-from .model_runner import OnnxRunner
+from .model_runner import OnnxRunner, RunSuperseded
 from .publish import JsonLinesSink, Sink, Subscriptions, ZmqSink
 from .reference_model import reference_model_path
 from .warp import MODEL_INPUT_SIZE, Warper
@@ -414,14 +414,25 @@ class DmsService:
             outbox.put(job)
 
     async def _model_stage(self, inbox: LatestSlot[_Job], outbox: LatestSlot[_Job]) -> None:
-        while True:
-            try:
-                job = await inbox.get()
-            except SlotClosed:
-                outbox.close()
-                return
-            if await self._infer(job):
-                outbox.put(job)  # decoding and publishing it overlaps the next run
+        """On the CPU a frame's run is handed to the runner as soon as the frame is warped: it
+        waits on the runner's thread and starts the moment the run in progress returns, unless a
+        newer frame replaces it first (dropped, counted). The accelerator takes one frame at a
+        time."""
+        async with anyio.create_task_group() as runs:
+            while True:
+                try:
+                    job = await inbox.get()
+                except SlotClosed:
+                    break
+                if self.config.device == "cpu":
+                    runs.start_soon(self._model_step, job, outbox)
+                else:
+                    await self._model_step(job, outbox)
+        outbox.close()
+
+    async def _model_step(self, job: _Job, outbox: LatestSlot[_Job]) -> None:
+        if await self._infer(job):
+            outbox.put(job)  # decoding and publishing it overlaps the next run
 
     async def _decode_stage(self, inbox: LatestSlot[_Job]) -> None:
         while True:
@@ -454,12 +465,19 @@ class DmsService:
                 remaining = max(job.deadline - now(), 0.0)
                 if isinstance(model, OnnxRunner):
                     output = await model.run(
-                        job.image, vector, timeout=max(remaining, 1e-3), handed_over=True
+                        job.image,
+                        vector,
+                        timeout=max(remaining, 1e-3),
+                        handed_over=True,
+                        replace_waiting=True,
                     )
                     gpu_time = time.perf_counter() - start
                 else:
                     result, phases = await model.run(job.image, vector, timeout=cfg.budget)
                     output, gpu_time = result.reshape(-1), phases.device
+        except RunSuperseded:  # a newer frame took its place before it started
+            self._drop("model", job)
+            return False
         except BudgetExhausted as exc:
             self.metrics.timeouts.labels(layer="frame-budget").inc()
             if cfg.device == "sim":
