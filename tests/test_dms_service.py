@@ -7,6 +7,7 @@ import anyio
 import pytest
 
 from pipelines.dms.camera_sources import SyntheticCamera
+from pipelines.dms.channels import reason_kind
 from pipelines.dms.service import DmsService, ServiceConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -94,6 +95,7 @@ async def test_health_reports_unavailable_while_the_camera_is_stalled():
         faults="camera-stall@20+12",
     )
     states = []
+    messages = []
     with anyio.fail_after(60):
         async with DmsService(config) as service:
 
@@ -102,13 +104,49 @@ async def test_health_reports_unavailable_while_the_camera_is_stalled():
                     async for transition in stream:
                         states.append((str(transition.current), service.health().ready))
 
+            async def collect():
+                async for message in service.messages(backlog=1000):
+                    messages.append(message)
+
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
+                tg.start_soon(collect)
                 await service.finished()
                 tg.cancel_scope.cancel()
     stalled = [ready for state, ready in states if state.startswith("unavailable(camera")]
     assert stalled and not any(stalled)
     assert states[-1] == ("available", True)
+    # Every sink hears of the stall while it lasts (12 frames = 0.6 s; one status message per
+    # 0.25 s stall period), not silence: status messages for no frame.
+    status = [m for m in messages if m.frame_id == -1]
+    assert 1 <= len(status) <= 3, [m.reason for m in status]
+    assert all(not m.valid and m.availability == "unavailable" for m in status)
+    assert all(m.reason.startswith("camera: ") and m.frame_age >= 0.25 for m in status)
+    assert [m.seq for m in messages] == list(range(len(messages)))
+    service.summary.frames.check()  # status messages are not frames
+
+
+async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
+    # A budget every frame overruns (the kernel finishes a few ms after the deadline): late
+    # frames, DEGRADED, then UNAVAILABLE for want of valid output — but no hang, no restart.
+    config = ServiceConfig(
+        device="sim", health_port=None, calib=(0.0, 0.0, 0.0), frames=30, budget=0.028
+    )
+    service, messages = await run(config)
+    service.summary.frames.check()
+    late = [
+        m
+        for m in messages
+        if m.reason.startswith("frame budget: ") or "; frame budget: " in m.reason
+    ]
+    assert len(late) >= 15  # most frames overran
+    assert not any("gpu-queue" in m.reason or "restarting" in m.reason for m in messages)
+    assert {reason_kind(m.reason) for m in messages if m.frame_id >= 3} <= {
+        "frame budget",
+        "no valid output",
+    }
+    opened = [t for _, t in service.summary.transitions if "opening session" in t]
+    assert len(opened) == 1, opened
 
 
 async def test_output_that_is_never_valid_is_unavailable_not_degraded_forever():
@@ -117,10 +155,18 @@ async def test_output_that_is_never_valid_is_unavailable_not_degraded_forever():
     )
     service, messages = await run(config)
     service.summary.frames.check()
-    assert any(
-        m.availability == "unavailable" and "no valid output for" in m.reason for m in messages
-    )
+    unavailable = [m for m in messages if m.availability == "unavailable" and 5 <= m.frame_id < 35]
+    assert unavailable and all(m.reason.startswith("no valid output: ") for m in unavailable)
+    assert unavailable[0].frame_id == 5 + config.unavailable_after - 1  # the 10th NaN in a row
     assert not service.health().ready or messages[-1].frame_id >= 35
+    # A lasting fault is one transition per kind, not one per frame; the summary counts by kind.
+    reasons = [t for _, t in service.summary.transitions]
+    assert sum("no valid output" in t for t in reasons) == 1, reasons
+    assert set(service.summary.frames.invalid) <= {
+        "invalid output",
+        "no valid output",
+        "recovering",
+    }
 
 
 async def test_frames_in_flight_when_the_service_is_stopped_are_counted_as_dropped():

@@ -7,7 +7,7 @@ import math
 
 import anyio
 import pytest
-from gpu_sim import ADD_ONE, FAST, SLOW, SLOW_ADD_ONE, device, reopen, session
+from gpu_sim import ADD_ONE, FAST, SLACK, SLOW, SLOW_ADD_ONE, device, reopen, session
 
 from aio_runtime import Layer, SignalTimeout, UsbTransferTimeout, now
 from aio_runtime.testing import virtual_time
@@ -83,6 +83,28 @@ async def test_a_kernel_that_timed_out_keeps_its_bytes_until_recovery_then_reade
         exc, when = outcome["consumer"]
         assert exc.layer is Layer.GPU_QUEUE and "kernel 1" in str(exc)
         assert when == recovered and outcome["freed"] == recovered
+
+
+async def test_work_waiting_for_a_slow_kernel_whose_wait_timed_out_goes_on_when_it_finishes():
+    # Nothing else waits on the device: the waiting copy reads the timeline itself, so a kernel
+    # that was only slow does not hold its bytes until some later kernel happens to be awaited.
+    async with virtual_time(), session() as (_, gpu):
+        source, out = await gpu.alloc(64), await gpu.alloc(64)
+        await gpu.copy_in(source, b"\x01" * 64)
+        submitted = []
+        with pytest.raises(SignalTimeout):
+            await gpu.run_kernel(
+                SLOW_ADD_ONE,
+                [source, out, 64],
+                reads=[source],
+                writes=[out],
+                timeout=SLOW / 4,
+                on_submitted=lambda: submitted.append(now()),
+            )
+        await gpu.copy_in(source, b"\x07" * 64)  # waits for the kernel reading it, then goes on
+        assert SLOW <= now() - submitted[0] <= SLOW + SLACK
+        assert bytes(await gpu.copy_out(out)) == b"\x02" * 64  # the slow kernel's own result
+        assert bytes(await gpu.copy_out(source)) == b"\x07" * 64
 
 
 async def test_a_write_after_failed_work_goes_ahead():

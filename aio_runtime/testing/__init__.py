@@ -1,7 +1,8 @@
 """Test helpers for code built on the runtime — public API, like ``structlog.testing``.
 
 * :func:`virtual_time` — a virtual clock for the running loop (asyncio or trio), so hardware
-  timeouts of many seconds are tested in milliseconds, deterministically.
+  timeouts of many seconds are tested in milliseconds, deterministically; with
+  ``hold=threads_busy()`` (asyncio), work the loop awaits on threads takes no virtual time.
 * :class:`ScriptedProbe`, :func:`play_script`, :class:`ScriptedFirmware`, :class:`Reply` —
   hardware that completes late, never, or partly, on a script.
 * :class:`TransitionRecorder` — every availability transition, in order.
@@ -13,7 +14,7 @@ ledger, asserted empty at teardown) and ``captured_logs``.
 
 from ._recorder import TransitionRecorder, capture_logs
 from ._scripted import Reply, ScriptedFirmware, ScriptedProbe, play_script
-from ._virtual_time import VirtualClock, virtual_time
+from ._virtual_time import VirtualClock, threads_busy, virtual_time
 
 __all__ = [
     "Reply",
@@ -23,5 +24,6 @@ __all__ = [
     "VirtualClock",
     "capture_logs",
     "play_script",
+    "threads_busy",
     "virtual_time",
 ]

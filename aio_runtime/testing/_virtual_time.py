@@ -11,6 +11,13 @@ simulated hardware driven by them. Work on other threads (worker threads, a
 finishes, a deadline may have been jumped past. ``autojump_threshold`` (real seconds) makes the loop
 wait that long for I/O or a thread before jumping, as trio's ``MockClock`` does.
 
+``hold`` (asyncio) makes work on threads take no virtual time, whatever its real duration: while
+``hold()`` is true the clock does not jump, and the loop waits for I/O or a thread's wake-up instead.
+:func:`threads_busy` is the usual ``hold``: true while the loop awaits a call made with
+:func:`aio_runtime.run_in_thread` or ``anyio.to_thread.run_sync``. A hold that lasts ``hold_limit``
+real seconds without the loop being woken gives way until it ends (a call that never returns still
+meets its timeout).
+
 asyncio: the running selector event loop is switched in place (its clock and its selector are
 wrapped), and switched back on exit with its clock kept monotonic. trio: the run must use
 ``trio.testing.MockClock`` (``anyio`` backend options ``{"clock": MockClock(rate=1)}``); the block sets
@@ -27,8 +34,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio.lowlevel
+import anyio.to_thread
 
-__all__ = ["VirtualClock", "virtual_time"]
+from ..ownership import Ledger, current_ledger
+
+__all__ = ["VirtualClock", "threads_busy", "virtual_time"]
 
 
 class VirtualClock:
@@ -66,15 +76,45 @@ class _Counter:
 class _AutojumpSelector:
     """Wraps a selector: when the loop would sleep ``timeout`` with no I/O ready, jump instead."""
 
-    def __init__(self, inner: Any, counter: _Counter, autojump_threshold: float) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        counter: _Counter,
+        autojump_threshold: float,
+        hold: Callable[[], bool] | None = None,
+        hold_limit: float = 0.0,
+    ) -> None:
         self._inner = inner
         self._counter = counter
         self._threshold = autojump_threshold
+        self._hold = hold
+        self._hold_limit = hold_limit
+        self._gave_way = False
+
+    def _held(self) -> list[tuple[selectors.SelectorKey, int]] | None:
+        """While ``hold()`` is true, wait for a wake-up instead of jumping: its events, or None
+        when nothing holds the clock (or the hold gave way after ``hold_limit``)."""
+        if self._hold is None:
+            return None
+        if not self._hold():
+            self._gave_way = False
+            return None
+        if self._gave_way:
+            return None
+        events = self._inner.select(self._hold_limit)
+        if not events:
+            self._gave_way = True  # nothing woke the loop: do not wait for this hold again
+            return None
+        return events  # type: ignore[no-any-return]
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             # No timer pending: only I/O or another thread can wake the loop. Block for it.
             return self._inner.select(None)  # type: ignore[no-any-return]
+        if timeout > 0:
+            held = self._held()
+            if held is not None:
+                return held
         events = self._inner.select(0 if timeout <= 0 else min(self._threshold, timeout))
         if events or timeout <= 0:
             return events  # type: ignore[no-any-return]
@@ -98,7 +138,10 @@ class _OffsetClock:
 
 @contextlib.asynccontextmanager
 async def _asyncio_virtual_time(
-    loop: asyncio.AbstractEventLoop, autojump_threshold: float
+    loop: asyncio.AbstractEventLoop,
+    autojump_threshold: float,
+    hold: Callable[[], bool] | None,
+    hold_limit: float,
 ) -> AsyncIterator[VirtualClock]:
     selector = getattr(loop, "_selector", None)
     if selector is None or not hasattr(selector, "select"):
@@ -111,7 +154,9 @@ async def _asyncio_virtual_time(
     current = loop.time
     real_time = current.base if isinstance(current, _OffsetClock) else current
     counter = _Counter(current())
-    loop._selector = _AutojumpSelector(selector, counter, autojump_threshold)  # type: ignore[attr-defined]
+    loop._selector = _AutojumpSelector(  # type: ignore[attr-defined]
+        selector, counter, autojump_threshold, hold, hold_limit
+    )
     loop.time = counter.now  # type: ignore[method-assign]
     try:
         yield VirtualClock(counter.now, counter.jump)
@@ -150,14 +195,49 @@ async def _trio_virtual_time(autojump_threshold: float) -> AsyncIterator[Virtual
 
 
 @contextlib.asynccontextmanager
-async def virtual_time(*, autojump_threshold: float = 0.0) -> AsyncIterator[VirtualClock]:
-    """Run the block on a virtual clock that jumps to the next timer whenever all tasks wait."""
+async def virtual_time(
+    *,
+    autojump_threshold: float = 0.0,
+    hold: Callable[[], bool] | None = None,
+    hold_limit: float = 10.0,
+) -> AsyncIterator[VirtualClock]:
+    """Run the block on a virtual clock that jumps to the next timer whenever all tasks wait.
+
+    ``hold`` (asyncio only): while it returns true the clock does not jump; the loop waits for I/O
+    or a wake-up from another thread instead, for at most ``hold_limit`` real seconds. Usually
+    :func:`threads_busy`, so that work on threads takes no virtual time."""
     if not autojump_threshold >= 0:
         raise ValueError(f"autojump_threshold must be >= 0 seconds, got {autojump_threshold!r}")
+    if not hold_limit > 0:
+        raise ValueError(f"hold_limit must be > 0 seconds, got {hold_limit!r}")
     native = anyio.lowlevel.current_token().native_token
     if isinstance(native, asyncio.AbstractEventLoop):
-        async with _asyncio_virtual_time(native, autojump_threshold) as clock:
+        async with _asyncio_virtual_time(native, autojump_threshold, hold, hold_limit) as clock:
             yield clock
     else:
+        if hold is not None:
+            raise RuntimeError("virtual_time(hold=...) is supported on asyncio only")
         async with _trio_virtual_time(autojump_threshold) as clock:
             yield clock
+
+
+def threads_busy(ledger: Ledger | None = None) -> Callable[[], bool]:
+    """A ``hold`` for :func:`virtual_time`: true while the loop awaits work on a thread.
+
+    That is a call made with :func:`aio_runtime.run_in_thread` (a live ``"worker thread"`` in
+    ``ledger``, default the current one) or with ``anyio.to_thread.run_sync`` (a token of anyio's
+    default thread limiter, given back on the loop once the result is in). Call it on the loop.
+
+    ``run_in_thread`` closes its ledger entry just before the thread wakes the loop with the result:
+    give ``virtual_time`` an ``autojump_threshold`` of a few milliseconds so that the loop, finding
+    the entry closed, still sees that wake-up before it jumps.
+    """
+    recorded = current_ledger() if ledger is None else ledger
+    limiter = anyio.to_thread.current_default_thread_limiter()
+
+    def busy() -> bool:
+        return limiter.borrowed_tokens > 0 or any(
+            entry.kind == "worker thread" for entry in recorded.live()
+        )
+
+    return busy

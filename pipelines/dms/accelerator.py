@@ -19,10 +19,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import anyio
 import anyio.to_thread
 import numpy as np
 
-from aio_runtime import Readiness
+from aio_runtime import Readiness, now
 from transports.gpu import Buffer, GpuSession, SessionConfig
 from transports.sim import FaultPlan
 from transports.sim.gpu import SimDevice, SimGpu
@@ -81,6 +82,8 @@ class SimAccelerator:
         self.image_size = image_size
         self.output_size = output_size
         self._buffers: tuple[Buffer, Buffer, Buffer] | None = None
+        self._pending_since: float | None = None
+        """When the oldest kernel not known to have completed was submitted (loop clock)."""
 
     @classmethod
     async def open(
@@ -123,17 +126,26 @@ class SimAccelerator:
             raise ValueError(f"the model takes a 3-value calibration, got {cal.size}")
         start = time.perf_counter()
         await self.session.copy_in(image_buffer, img)
+        # The copy waited for every earlier kernel reading the image (one whose frame gave up on
+        # it included): none is pending any more.
+        self._pending_since = None
         await self.session.copy_in(calib_buffer, cal)
         copied = time.perf_counter()
         submitted = [copied]
+
+        def on_submitted() -> None:
+            submitted[0] = time.perf_counter()
+            self._pending_since = now()
+
         await self.session.run_kernel(
             MODEL_KERNEL,
             [image_buffer, calib_buffer, output_buffer],
             reads=[image_buffer, calib_buffer],
             writes=[output_buffer],
             timeout=timeout,
-            on_submitted=lambda: submitted.__setitem__(0, time.perf_counter()),
+            on_submitted=on_submitted,
         )
+        self._pending_since = None
         done = time.perf_counter()
         raw = await self.session.copy_out(output_buffer)
         finished = time.perf_counter()
@@ -142,6 +154,20 @@ class SimAccelerator:
             copied - start, submitted[0] - copied, done - submitted[0], finished - done
         )
         return output, phases
+
+    async def stalled_for(self, *, timeout: float) -> float:
+        """Seconds the device has held a kernel without completing it (0 when it has none): how
+        a hung GPU is told from a slow one. A kernel whose caller stopped waiting for it (its
+        frame ran out of budget) is checked on the device (one timeline read, bounded by
+        ``timeout``; a read that does not finish counts as no progress)."""
+        since = self._pending_since
+        if since is None:
+            return 0.0
+        with anyio.move_on_after(timeout):
+            if await self.session.retire_finished():
+                self._pending_since = None
+                return 0.0
+        return now() - since
 
     async def aclose(self) -> None:
         await self.session.aclose()

@@ -18,9 +18,16 @@ from typing import Generic, TypeVar
 
 import anyio
 
-__all__ = ["FrameAccounting", "LatestSlot", "SlotClosed"]
+__all__ = ["FrameAccounting", "LatestSlot", "SlotClosed", "reason_kind"]
 
 T = TypeVar("T")
+
+
+def reason_kind(reason: str) -> str:
+    """What a reason is about: reasons are written ``"<kind>: <detail>"`` (``"gpu-queue: compute
+    timeline >= 7: timed out after 0.1 s"`` -> ``"gpu-queue"``); one without a colon is its own
+    kind."""
+    return reason.split(": ", 1)[0]
 
 
 class SlotClosed(Exception):
@@ -80,10 +87,11 @@ class FrameAccounting:
         self.received += 1
 
     def published(self, valid: bool, reason: str = "") -> None:
+        """Count a published frame; an invalid one under its reason's kind."""
         if valid:
             self.valid += 1
         else:
-            self.invalid[reason or "unspecified"] += 1
+            self.invalid[reason_kind(reason) or "unspecified"] += 1
 
     def drop(self, stage: str) -> None:
         self.dropped[stage] += 1

@@ -15,7 +15,12 @@ when enabled: base64 of the little-endian float32 output). Added here:
   task complete, output valid), each true or false;
 - ``valid``: true only when the frame was fresh, the calibration valid, the output valid and the
   service available. openpilot always sets ``valid`` true; here it is honest. An invalid message
-  still says why (``reason``) and carries no driver data when there was no trustworthy output.
+  still says why (``reason``, written ``"<kind>: <detail>"``) and carries no driver data when
+  there was no trustworthy output.
+
+While no frames arrive (a stalled camera) a *status message* is published each stall period:
+``frameId`` -1, both timestamps 0, ``frameAge`` the age of the newest frame, ``valid`` false and the
+reason — so a consumer on any sink hears of the stall instead of silence.
 """
 
 from __future__ import annotations

@@ -81,6 +81,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget", type=float, default=d.budget, help=f"seconds per frame (default {d.budget})"
     )
     parser.add_argument(
+        "--unavailable-after",
+        type=int,
+        default=d.unavailable_after,
+        help="frames in a row without a valid output before UNAVAILABLE "
+        f"(default {d.unavailable_after})",
+    )
+    parser.add_argument(
+        "--gpu-hang-after",
+        type=float,
+        default=d.gpu_hang_after,
+        help="seconds the accelerator may hold a kernel without progress before it counts as "
+        f"hung and is restarted (default {d.gpu_hang_after})",
+    )
+    parser.add_argument(
         "--recover-after",
         type=int,
         default=d.recover_after,
@@ -124,6 +138,8 @@ def _config(args: argparse.Namespace) -> ServiceConfig:
         device=args.device,
         budget=args.budget,
         recover_after=args.recover_after,
+        gpu_hang_after=args.gpu_hang_after,
+        unavailable_after=args.unavailable_after,
         backoff_initial=args.backoff[0],
         backoff_max=args.backoff[1],
         calib=args.calib,

@@ -32,6 +32,7 @@ import anyio
 import numpy as np
 
 from aio_runtime import (
+    Availability,
     AvailabilityMachine,
     Backoff,
     BudgetExhausted,
@@ -55,7 +56,7 @@ from transports.sim import FaultPlan, FaultRule
 from .accelerator import SimAccelerator, simulated_device
 from .camera import CABIN_CAMERAS, Frame
 from .camera_sources import SyntheticCalibration, SyntheticCamera, clock_ns
-from .channels import FrameAccounting, LatestSlot, SlotClosed
+from .channels import FrameAccounting, LatestSlot, SlotClosed, reason_kind
 from .decode import decode
 from .endpoints import HealthState, Metrics, create_app, serve
 from .faults import parse_faults
@@ -70,12 +71,6 @@ __all__ = ["DmsService", "ServiceConfig", "Summary"]
 
 FRAME_AGES_KEPT = 100_000
 """Frame ages kept for the summary's percentiles: the latest ~80 minutes at 20 Hz."""
-NO_OUTPUT_UNAVAILABLE = 10
-"""Frames in a row without a valid output (each only DEGRADED) before the service is UNAVAILABLE:
-DEGRADED is for isolated failures."""
-GPU_MISSES_UNAVAILABLE = 3
-"""Frames in a row over budget waiting for the accelerator before it counts as stuck (UNAVAILABLE,
-session restarted) rather than slow (DEGRADED)."""
 _log = get_logger("pipelines.dms")
 _LAYER_NAMES = dict(zip([layer.label for layer in ReadinessLayer], READINESS_LAYERS, strict=True))
 
@@ -94,6 +89,13 @@ class ServiceConfig:
     """Seconds from start of frame to publication (one frame period at 20 Hz)."""
     recover_after: int = 3
     """Good frames in a row before the service is AVAILABLE again."""
+    unavailable_after: int = 10
+    """Frames in a row without a valid output (each only DEGRADED) before the service is
+    UNAVAILABLE: DEGRADED is for isolated failures."""
+    gpu_hang_after: float = 0.1
+    """Seconds the accelerator may hold a kernel without completing it before it counts as hung
+    (UNAVAILABLE, session restarted). A frame that runs out of budget while the accelerator still
+    makes progress is late (DEGRADED), not a reason to restart it."""
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
     calib: tuple[float, float, float] | None = None
@@ -120,6 +122,15 @@ class ServiceConfig:
             raise ValueError(f"device must be 'sim' or 'cpu', got {self.device!r}")
         if not (0 < self.budget <= 10):
             raise ValueError(f"budget must be in (0, 10] seconds, got {self.budget}")
+        if self.recover_after < 1 or self.unavailable_after < 1:
+            raise ValueError(
+                "recover_after and unavailable_after must be at least 1 frame, got "
+                f"{self.recover_after} and {self.unavailable_after}"
+            )
+        if not (0 < self.gpu_hang_after <= 60):
+            raise ValueError(
+                f"gpu_hang_after must be in (0, 60] seconds, got {self.gpu_hang_after}"
+            )
         if self.calib is not None:
             _check_calib(self.calib)
         specs = parse_faults(self.faults)
@@ -188,13 +199,13 @@ class DmsService:
         self._slices: Any = {}
         self._device_state = "loading the model"
         """Why there is no model to run, while there is none."""
-        self._gpu_misses = 0
-        """Frames in a row that ran out of budget waiting for the accelerator."""
         self._runners: list[OnnxRunner] = []
         self._calib_rejected = ""
         """Why the latest calibration sample was refused (non-finite), while it is the latest."""
         self._last_outcome = (False, False)
         """The last frame's task complete / output valid, for the health endpoints."""
+        self._last_sof: int | None = None
+        """The newest frame's start of frame (ns)."""
         self._jobs: dict[int, _Job] = {}
         """Frames received and not yet published or dropped, by number."""
         self._without_output = 0
@@ -242,9 +253,7 @@ class DmsService:
         """Availability, and the readiness layers: the device's, then whether the last frame's
         task completed and its output was valid."""
         state = self.availability.state
-        layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
-        layers["taskComplete"], layers["outputValid"] = self._last_outcome
-        return HealthState(state.availability.value, state.reason, layers)
+        return HealthState(state.availability.value, state.reason, self._layers())
 
     # -- the pipeline --------------------------------------------------------------------------
 
@@ -316,6 +325,7 @@ class DmsService:
                     number += 1  # the camera delivers nothing while stalled
                     continue
                 self._frame_arrived.set()
+                self._last_sof = frame.timestamp_sof
                 self.summary.frames.receive()
                 job = _Job(frame, number, frame.timestamp_sof / 1e9 + cfg.budget)
                 self._jobs[number] = job
@@ -365,7 +375,8 @@ class DmsService:
                 self._frame_arrived = anyio.Event()
             except CameraTimeout as exc:  # reported again each period while the camera is out
                 self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
-                self.availability.report_unavailable(f"camera: {exc.message}")
+                self._unavailable(f"camera: {exc.message}")
+                self._publish_status(f"camera: {exc.message}")
 
     async def _warp_stage(
         self,
@@ -473,32 +484,36 @@ class DmsService:
                     )
                     gpu_time = time.perf_counter() - start
                 else:
-                    result, phases = await model.run(job.image, vector, timeout=cfg.budget)
+                    result, phases = await model.run(job.image, vector, timeout=cfg.gpu_hang_after)
                     output, gpu_time = result.reshape(-1), phases.device
         except RunSuperseded:  # a newer frame took its place before it started
             self._drop("model", job)
             return False
         except BudgetExhausted as exc:
             self.metrics.timeouts.labels(layer="frame-budget").inc()
-            if cfg.device == "sim":
-                self._gpu_misses += 1
-                if self._gpu_misses >= GPU_MISSES_UNAVAILABLE:  # not a slow frame: a stuck GPU
-                    self._publish_invalid(
-                        job,
-                        f"{exc.layer}: {self._gpu_misses} frames in a row over budget waiting "
-                        f"for the accelerator ({exc.message})",
-                    )
-                    failed.set()
-                    return False
+            stalled = 0.0
+            if isinstance(model, SimAccelerator):
+                stalled = await model.stalled_for(timeout=cfg.budget)
+            if stalled >= cfg.gpu_hang_after:  # not a slow frame: a hung GPU
+                self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
+                self._publish_invalid(
+                    job,
+                    f"{exc.layer}: the accelerator has held a kernel for {stalled:.3f} s without "
+                    f"completing it (hung after {cfg.gpu_hang_after:g} s; {exc.message})",
+                )
+                failed.set()
+                return False
             self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
             return False
         except (HardwareTimeout, RuntimeFault) as exc:
+            if failed.is_set():  # the session was already failing: this is a consequence
+                self._publish_invalid(job, f"model unavailable: {self._device_state}")
+                return False
             self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
             self._publish_invalid(job, f"{exc.layer}: {exc.message}")
             if cfg.device == "sim":
                 failed.set()
             return False
-        self._gpu_misses = 0
         job.stages["model"] = time.perf_counter() - start
         self.metrics.stage_latency.labels(stage="model").observe(job.stages["model"])
         job.output, job.gpu_time = output, gpu_time
@@ -517,18 +532,24 @@ class DmsService:
             )
             return
         self._without_output = 0
-        stale = calib is None or now() - calib[1] > cfg.calib_stale_after
-        calib_reason = self._calib_rejected or "calibration missing or stale"
-        if stale:
-            self.availability.report_degraded(calib_reason)
+        late = now() - job.deadline
+        if calib is None or now() - calib[1] > cfg.calib_stale_after:
+            reason = self._calib_rejected or "calibration missing or stale"
+        elif late > 0:
+            reason = f"frame budget: decoded {late * 1e3:.1f} ms after the frame's deadline"
+        else:
+            reason = ""
+        if reason:
+            self._degrade(reason)
         else:
             self.availability.report_good()
-        fresh = now() <= job.deadline
-        available = self.availability.state.availability.value == "available"
+            state = self.availability.state
+            if state.availability is not Availability.AVAILABLE:  # good frames, not enough yet
+                reason = f"recovering: {state.availability.value} ({state.reason})"
         self._publish(
             job,
-            valid=fresh and not stale and available,
-            reason="" if not stale else calib_reason,
+            valid=not reason,
+            reason=reason,
             fields=decoded.fields,
             output=output,
             model_time=sum(job.stages.values()),
@@ -544,13 +565,31 @@ class DmsService:
         output: np.ndarray | None = None,
     ) -> None:
         self._without_output += 1
-        if degraded and self._without_output < NO_OUTPUT_UNAVAILABLE:
-            self.availability.report_degraded(reason)  # an isolated failure
+        if degraded and self._without_output < self.config.unavailable_after:
+            self._degrade(reason)  # an isolated failure
         else:
             if degraded:  # not isolated any more: nothing trustworthy comes out
-                reason = f"no valid output for {self._without_output} frames: {reason}"
-            self.availability.report_unavailable(reason)
+                reason = f"no valid output: {self._without_output} frames in a row; {reason}"
+            self._unavailable(reason)
         self._publish(job, valid=False, reason=reason, output=output)
+
+    # Reasons are written "<kind>: <detail>". A frame's reason says what happened to it; the
+    # availability keeps the first wording of a kind while the state holds, so a fault that
+    # lasts is one transition, not one per frame.
+
+    def _degrade(self, reason: str) -> None:
+        self.availability.report_degraded(self._same_kind(Availability.DEGRADED, reason))
+
+    def _unavailable(self, reason: str) -> None:
+        self.availability.report_unavailable(self._same_kind(Availability.UNAVAILABLE, reason))
+
+    def _same_kind(self, availability: Availability, reason: str) -> str:
+        state = self.availability.state
+        if state.availability is availability and reason_kind(state.reason or "") == reason_kind(
+            reason
+        ):
+            return state.reason or reason
+        return reason
 
     def _publish(
         self,
@@ -565,21 +604,17 @@ class DmsService:
     ) -> None:
         frame = job.frame
         age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
-        layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
-        layers["taskComplete"] = output is not None or fields is not None
-        layers["outputValid"] = fields is not None
-        self._last_outcome = (layers["taskComplete"], layers["outputValid"])
-        state = self.availability.state
+        self._last_outcome = (output is not None or fields is not None, fields is not None)
         message = DriverStateV2(
             seq=self._seq,
             frame_id=frame.frame_id,
             timestamp_sof=frame.timestamp_sof,
             timestamp_eof=frame.timestamp_eof,
             frame_age=age,
-            availability=state.availability.value,
-            reason=reason or (state.reason or ""),
+            availability=self.availability.state.availability.value,
+            reason=reason,
             valid=valid and fields is not None,
-            readiness=layers,
+            readiness=self._layers(),
             model_execution_time=model_time,
             gpu_execution_time=gpu_time,
             wheel_on_right_prob=None if fields is None else fields.wheel_on_right_prob,
@@ -591,14 +626,43 @@ class DmsService:
                 else None
             ),
         )
-        self._seq += 1
         self._jobs.pop(job.number, None)
-        for sink in self._sinks:
-            sink.publish(message)
-        self.summary.frames.published(message.valid, "" if message.valid else message.reason)
+        self._send(message)
+        self.summary.frames.published(message.valid, message.reason)
         self.summary.frame_ages.append(age)
         self.metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
         self.metrics.end_to_end.observe(age)
+
+    def _publish_status(self, reason: str) -> None:
+        """A message for no frame (``frameId`` -1, no timestamps; ``frameAge``: the age of the
+        newest frame, 0 if none came): published while frames do not arrive, so a consumer on
+        every sink hears of it instead of silence."""
+        last = self._last_sof
+        age = 0.0 if last is None else max(0.0, clock_ns() / 1e9 - last / 1e9)
+        self._last_outcome = (False, False)
+        self._send(
+            DriverStateV2(
+                seq=self._seq,
+                frame_id=-1,
+                timestamp_sof=0,
+                timestamp_eof=0,
+                frame_age=age,
+                availability=self.availability.state.availability.value,
+                reason=reason,
+                valid=False,
+                readiness=self._layers(),
+            )
+        )
+
+    def _layers(self) -> dict[str, bool]:
+        layers = {_LAYER_NAMES[k]: v for k, v in self.readiness.snapshot().items()}
+        layers["taskComplete"], layers["outputValid"] = self._last_outcome
+        return layers
+
+    def _send(self, message: DriverStateV2) -> None:
+        self._seq += 1
+        for sink in self._sinks:
+            sink.publish(message)
 
     # -- calibration, device, availability -----------------------------------------------------
 
@@ -648,7 +712,7 @@ class DmsService:
         self._plan = FaultPlan()
         self._device_state = "opening the accelerator"
         session_config = SessionConfig(
-            kernel_timeout=cfg.budget, fence_timeout=1.0, bulk_timeout=1.0
+            kernel_timeout=cfg.gpu_hang_after, fence_timeout=1.0, bulk_timeout=1.0
         )
         async with simulated_device(
             infer, image_size=MODEL_INPUT_SIZE, output_size=contract.output_length, plan=self._plan
@@ -657,7 +721,6 @@ class DmsService:
             @contextlib.asynccontextmanager
             async def open_session() -> AsyncIterator[SimAccelerator]:
                 self._device_failed = anyio.Event()
-                self._gpu_misses = 0
                 self.readiness = Readiness()
                 with deadline_scope(cfg.device_open_timeout, name="accelerator open"):
                     accelerator = await SimAccelerator.open(
@@ -671,7 +734,9 @@ class DmsService:
                     yield accelerator
                 finally:
                     self._model = None
-                    self._device_state = "the accelerator is restarting"
+                    self._device_state = (
+                        f"the accelerator is restarting ({self.availability.state.reason})"
+                    )
                     await accelerator.aclose()
 
             async def serve_frames(accelerator: SimAccelerator) -> None:

@@ -11,20 +11,23 @@ Work that started and failed is done, but not well: work that reads what it wrot
 :class:`DependencyFailed` naming it, rather than reading bytes it never wrote (a write after it
 loses nothing and goes ahead). Work that may still be running on the device after its host side
 gave up (a kernel whose wait timed out) *lingers*: it stays live until the device is known to be
-done with it (:meth:`DependencyTracker.finish`), so nothing reuses its bytes meanwhile.
+done with it (:meth:`DependencyTracker.finish`), so nothing reuses its bytes meanwhile. Work that
+waits for lingering work asks the tracker's owner to find out (``settle``: the session reads the
+device's timeline), so it goes on as soon as the device is done, whether or not anything else
+is waiting on the device.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
 from aio_runtime import Layer, RuntimeFault, SignalTimeout, WaitBound, wait_complete
 
-__all__ = ["DependencyFailed", "DependencyTracker", "Span", "Work"]
+__all__ = ["DependencyFailed", "DependencyTracker", "Settle", "Span", "Work"]
 
 Span = tuple[int, int]
 """A byte range [start, end) of bus addresses."""
@@ -61,9 +64,15 @@ class Work:
         )
 
 
+Settle = Callable[[Work, WaitBound, str], Awaitable[None]]
+"""``settle(work, bound, awaited)``: await the device finishing lingering ``work`` within
+``bound`` and :meth:`DependencyTracker.finish` it (``awaited`` names the wait)."""
+
+
 class DependencyTracker:
-    def __init__(self) -> None:
+    def __init__(self, settle: Settle | None = None) -> None:
         self._live: list[Work] = []
+        self._settle = settle
 
     def live(self) -> list[Work]:
         return list(self._live)
@@ -97,11 +106,10 @@ class DependencyTracker:
                 )
                 for earlier in before:
                     note = " — it may still be running on the device" if earlier.lingering else ""
-                    await wait_complete(
-                        earlier.done,
-                        awaited=f"{name}: waits for {earlier.name} ({earlier.queue} queue){note}",
-                        within=bound,
-                    )
+                    awaited = f"{name}: waits for {earlier.name} ({earlier.queue} queue){note}"
+                    if earlier.lingering and not earlier.done.is_set() and self._settle:
+                        await self._settle(earlier, bound, awaited)
+                    await wait_complete(earlier.done, awaited=awaited, within=bound)
                 failed = [
                     w
                     for w in before

@@ -30,6 +30,7 @@ from aio_runtime import (
     RuntimeFault,
     SignalTimeout,
     Stages,
+    WaitBound,
     current_ledger,
     get_logger,
     pause,
@@ -114,7 +115,7 @@ class GpuSession:
         )
         self.regs = BridgeRegisters(self.bridge)
         self.readiness = readiness
-        self.tracker = DependencyTracker()
+        self.tracker = DependencyTracker(settle=self._settle)
         self.boot_log = BootLog()
         self.interrupts: list[int] = []
         """Interrupt sources seen by the last IH scan (in :meth:`recover`)."""
@@ -432,8 +433,59 @@ class GpuSession:
                     f"the kernel of timeline {value} was lost to a device recovery",
                     awaited=f"compute timeline >= {value}",
                 )
+        self._retire(timeline)
+
+    async def retire_finished(self) -> bool:
+        """Read the timeline once and release the kernels whose waits ended early (timed out,
+        cancelled) that the device has finished since; True when none is left outstanding."""
+        if self._lingering:
+            self._retire((await self._timeline()).value)
+        return not self._lingering
+
+    def _retire(self, timeline: int) -> None:
+        """The device has finished the lingering kernels up to ``timeline``: release them."""
         for ended in [v for v in self._lingering if _reached(timeline, v)]:
-            self.tracker.finish(self._lingering.pop(ended))  # the device has finished them
+            self.tracker.finish(self._lingering.pop(ended))
+
+    async def _settle(self, work: Work, bound: WaitBound, awaited: str) -> None:
+        """Wait (within ``bound``) for the device to finish a lingering kernel that other work
+        needs to wait for, reading the timeline (nothing else may be waiting on the device), or
+        for a recovery to release it."""
+        value = next((v for v, w in self._lingering.items() if w is work), None)
+        if value is None:  # finished meanwhile, or released by a recovery
+            return
+
+        def finished(state: _TimelineState) -> bool:
+            return state.error != 0 or _reached(state.value, value)
+
+        failure: list[Exception] = []
+        async with anyio.create_task_group() as race:
+
+            async def from_device() -> None:
+                try:
+                    state: _TimelineState = await wait_until(
+                        self._timeline, finished, awaited=awaited, within=bound, expected=value
+                    )
+                    if state.error:
+                        raise GpuFault(
+                            f"the GPU entered its error state (interrupt 0x{state.error:x}) "
+                            f"before lingering {work.name} (timeline {value}) finished",
+                            source=state.error,
+                            awaited=awaited,
+                        )
+                    self._retire(state.value)
+                except Exception as exc:  # raised below, not as an exception group
+                    failure.append(exc)
+                race.cancel_scope.cancel()
+
+            async def released() -> None:
+                await work.done.wait()
+                race.cancel_scope.cancel()
+
+            race.start_soon(from_device)
+            race.start_soon(released)
+        if failure:
+            raise failure[0]
 
     async def _timeline(self) -> _TimelineState:
         # register-sized reads: they need no bulk pipe, which a copy may be holding
