@@ -91,6 +91,7 @@ def deadline_scope(
     at: float | None = None,
     name: str = "deadline",
     detached: bool = False,
+    started: float | None = None,
 ) -> Iterator[Deadline]:
     """Bound every runtime wait inside the block by a deadline.
 
@@ -102,12 +103,15 @@ def deadline_scope(
     ``detached=True`` ignores enclosing scopes. It is for cleanup that must still run, with its own
     bound, after an enclosing budget is spent (releasing what a failed frame acquired).
 
+    ``started``: when the budget began, if before the block (a frame's budget starts at its start
+    of frame): errors then report the whole budget and the time since, not what was left.
+
     The scope bounds waits; it does not cancel plain computation. Leaving the block restores the
     enclosing deadline.
     """
     if (timeout is None) == (at is None):
         raise TypeError("deadline_scope() takes exactly one of 'timeout' or 'at'")
-    start = now()
+    start = now() if started is None else started
     if timeout is not None:
         bounded = validate_timeout(timeout)
         assert bounded is not None

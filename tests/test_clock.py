@@ -89,3 +89,15 @@ async def test_deadline_scope_needs_exactly_one_of_timeout_or_at():
     with pytest.raises(ValueError):
         with deadline_scope(at=math.nan):
             pass
+
+
+async def test_a_budget_that_began_before_the_block_reports_the_whole_budget():
+    from aio_runtime import BudgetExhausted, Completion, SignalTimeout, wait_complete
+
+    sof = now() - 0.03  # the frame started 30 ms ago; its budget is 50 ms
+    with pytest.raises(BudgetExhausted) as info:
+        with deadline_scope(at=sof + 0.05, started=sof, name="frame 7") as scope:
+            assert scope.budget == pytest.approx(0.05)
+            await wait_complete(Completion(), awaited="a kernel", error=SignalTimeout, timeout=1)
+    assert "budget 0.050 s" in str(info.value)
+    assert info.value.elapsed >= 0.05

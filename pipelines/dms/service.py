@@ -162,6 +162,12 @@ class _Job:
     number: int
     deadline: float
     image: np.ndarray | None = None
+
+    @property
+    def start(self) -> float:
+        """Its start of frame, on the loop clock: where its budget begins."""
+        return self.frame.timestamp_sof / 1e9
+
     calib: tuple[np.ndarray, float] | None = None
     output: np.ndarray | None = None
     gpu_time: float = 0.0
@@ -410,7 +416,9 @@ class DmsService:
             if warper is None:  # a geometry no cabin camera has: planned on first use
                 warper = warpers[key] = Warper()
             try:
-                with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
+                with deadline_scope(
+                    at=job.deadline, started=job.start, name=f"frame {frame.frame_id}"
+                ):
                     job.image = await run_in_thread(
                         functools.partial(_warp, warper, frame),
                         worker=worker,
@@ -472,7 +480,7 @@ class DmsService:
         vector = calib[0] if calib is not None else np.zeros((1, 3), np.float32)
         assert job.image is not None
         try:
-            with deadline_scope(at=job.deadline, name=f"frame {frame.frame_id}"):
+            with deadline_scope(at=job.deadline, started=job.start, name=f"frame {frame.frame_id}"):
                 remaining = max(job.deadline - now(), 0.0)
                 if isinstance(model, OnnxRunner):
                     output = await model.run(
