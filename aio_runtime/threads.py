@@ -157,5 +157,7 @@ async def run_in_thread(
         )
     except BaseException as exc:
         if withdrawn and worker is not None:
-            exc.add_note(f"it never started: still queued behind an earlier call on {worker.name!r}")
+            exc.add_note(
+                f"it never started: still queued behind an earlier call on {worker.name!r}"
+            )
         raise

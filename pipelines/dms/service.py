@@ -633,6 +633,8 @@ class DmsService:
                 if output is not None and self.config.raw_predictions
                 else None
             ),
+            recorded_sof=frame.recorded_sof,
+            recorded_eof=frame.recorded_eof,
         )
         self._jobs.pop(job.number, None)
         self._send(message)
