@@ -124,3 +124,41 @@ def test_readme_transports_example_runs_and_prints_what_it_says(tmp_path):
         "hung kernel: gpu-queue compute timeline >= 2",
         "recovered: True",
     ]
+
+
+@pytest.mark.timeout(120)
+def test_aio_dms_run_prints_a_summary_and_writes_json_lines(tmp_path):
+    out = tmp_path / "out.jsonl"
+    result = run(
+        "-m", "pipelines.cli", "run", "--device", "cpu", "--frames", "30", "--calib", "0,0,0",
+        "--health-port", "-1", "--jsonl", str(out), "--faults", "nan-output@10+3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = result.stdout
+    assert re.search(r"frames received\s+30\b", summary)
+    assert re.search(r"\b3\s+invalid output\b", summary)  # counted by the reason's kind
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    assert {r["frameId"] for r in records if r["reason"].startswith("invalid output")} == {
+        10,
+        11,
+        12,
+    }
+    assert records[-1]["valid"] and records[-1]["leftDriverData"]["faceProb"] is not None
+
+
+def test_aio_dms_run_refuses_bad_options_with_what_was_expected(tmp_path):
+    missing = run("-m", "pipelines.cli", "run", "--camera", str(tmp_path / "none.mp4"))
+    assert missing.returncode == 2 and "no such file (expected 'synthetic'" in missing.stderr
+    faults = run("-m", "pipelines.cli", "run", "--faults", "gpu-melt@3")
+    assert faults.returncode == 2 and "gpu-melt" in faults.stderr
+
+
+@pytest.mark.timeout(120)
+def test_aio_dms_run_exits_non_zero_when_the_camera_fails(tmp_path):
+    broken = tmp_path / "broken.dmsrec"
+    broken.write_bytes(b"DMSNV12\x00\x01")  # a recording cut short in its header
+    result = run("-m", "pipelines.cli", "run", "--camera", str(broken), "--health-port", "-1")
+    assert result.returncode == 1
+    assert "the camera failed: ReplayFormatError" in result.stderr
+    assert re.search(r"frames received\s+0\b", result.stdout)

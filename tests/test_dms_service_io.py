@@ -259,16 +259,14 @@ async def test_a_video_file_runs_through_the_service_up_to_the_frames_asked_for(
 @pytest.mark.parametrize(
     ("content", "error"),
     [
-        (None, "FileNotFoundError: camera '.*nothing': no such file \\(or use 'synthetic'\\)"),
         (b"DMSNV12\x00\x01", "ReplayFormatError: .*file header at byte 0: truncated"),
         (b"not a video" * 100, "VideoDecodeError: OpenCV cannot open video file .*nothing"),
     ],
-    ids=["missing", "truncated-recording", "not-a-video"],
+    ids=["truncated-recording", "not-a-video"],
 )
 async def test_a_camera_that_cannot_be_opened_is_reported_unavailable(tmp_path, content, error):
     path = tmp_path / "nothing"
-    if content is not None:
-        path.write_bytes(content)
+    path.write_bytes(content)
     with anyio.fail_after(30):
         async with DmsService(from_path(path)) as service:
             with service.transitions() as stream:
@@ -277,6 +275,12 @@ async def test_a_camera_that_cannot_be_opened_is_reported_unavailable(tmp_path, 
     assert service.availability.state.availability.value == "unavailable"
     assert re.fullmatch(f"unavailable\\(camera: {error}.*\\)", state)
     assert service.summary.frames.received == 0
+    assert service.summary.camera_error is not None
+
+
+def test_a_camera_path_that_does_not_exist_is_refused_with_what_was_expected(tmp_path):
+    with pytest.raises(ValueError, match="no such file \\(expected 'synthetic', a video file"):
+        ServiceConfig(camera=str(tmp_path / "nothing"))
 
 
 async def test_a_video_of_no_cabin_cameras_size_is_published_invalid_with_the_reason(tmp_path):

@@ -208,4 +208,7 @@ def run(args: argparse.Namespace, *, out: Any = None) -> int:
     summary = anyio.run(main)
     summary.frames.check()
     print(format_summary(summary), file=out or sys.stdout)
+    if summary.camera_error is not None:
+        print(f"aio-dms run: the camera failed: {summary.camera_error}", file=sys.stderr)
+        return 1
     return 0

@@ -131,6 +131,11 @@ class ServiceConfig:
             raise ValueError(
                 f"gpu_hang_after must be in (0, 60] seconds, got {self.gpu_hang_after}"
             )
+        if self.camera != "synthetic" and not Path(self.camera).is_file():
+            raise ValueError(
+                f"camera {self.camera!r}: no such file (expected 'synthetic', a video file or a "
+                "recording)"
+            )
         if self.calib is not None:
             _check_calib(self.calib)
         specs = parse_faults(self.faults)
@@ -151,6 +156,8 @@ class Summary:
     frame_ages: deque[float] = field(default_factory=lambda: deque(maxlen=FRAME_AGES_KEPT))
     """The latest frames' ages (bounded: a service runs for days)."""
     transitions: list[tuple[float, str]] = field(default_factory=list)
+    camera_error: str | None = None
+    """Why the camera source failed, if it did (the service then ended)."""
 
     def latency_ms(self, q: float) -> float:
         return float(np.percentile(self.frame_ages, q) * 1000) if self.frame_ages else math.nan
@@ -313,7 +320,8 @@ class DmsService:
             await self._frames_from(source, warp_slot)
         except Exception as exc:  # a source that fails ends the stream, reported, not a crash
             _log.error("camera failed", error=repr(exc))
-            self.availability.report_unavailable(f"camera: {type(exc).__name__}: {exc}")
+            self.summary.camera_error = f"{type(exc).__name__}: {exc}"
+            self.availability.report_unavailable(f"camera: {self.summary.camera_error}")
         warp_slot.close()
 
     async def _frames_from(self, source: Any, warp_slot: LatestSlot[_Job]) -> None:
