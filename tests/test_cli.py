@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,27 @@ def test_aio_dms_run_exits_non_zero_when_the_camera_fails(tmp_path):
     assert result.returncode == 1
     assert "the camera failed: ReplayFormatError" in result.stderr
     assert re.search(r"frames received\s+0\b", result.stdout)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_aio_dms_run_stops_gracefully_on_a_signal(signum):
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "run", "--device", "cpu", "--duration", "60",
+         "--calib", "0,0,0", "--health-port", "-1", "--log-format", "json"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stderr is not None
+        for line in child.stderr:  # runs until the service publishes valid frames
+            if '"state": "available"' in line:
+                break
+        else:
+            raise AssertionError("the service never became available")
+        child.send_signal(signum)
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err[-2000:]
+    received = int(re.search(r"frames received\s+(\d+)", out).group(1))
+    assert received > 0  # the summary is printed, every frame accounted for (checked before it)

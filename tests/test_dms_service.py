@@ -4,6 +4,9 @@ calibration, health."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import anyio
 import pytest
 
@@ -53,6 +56,31 @@ async def test_a_resolution_change_mid_stream_is_warped_with_the_new_geometry():
     service, messages = await run(config, source)
     service.summary.frames.check()
     assert {m.frame_id for m in messages if m.valid} >= set(range(16, 30))
+
+
+async def test_a_stale_frame_is_published_invalid_not_processed():
+    async def source():
+        async with SyntheticCamera(frames=30) as camera:
+            async for frame in camera:
+                if frame.frame_id in (10, 11):  # delivered 0.2 s after its start of frame
+                    shift = 200_000_000
+                    frame = dataclasses.replace(
+                        frame,
+                        timestamp_sof=frame.timestamp_sof - shift,
+                        timestamp_eof=frame.timestamp_eof - shift,
+                    )
+                yield frame
+
+    config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0))
+    service, messages = await run(config, source())
+    service.summary.frames.check()
+    by_frame = {m.frame_id: m for m in messages}
+    for stale in (10, 11):
+        message = by_frame[stale]
+        assert not message.valid and message.left_driver_data is None
+        assert re.fullmatch(r"frame budget: the frame was 2\d\d\.\d ms old .*", message.reason)
+    assert message.availability == "degraded"  # an isolated overrun, not an outage
+    assert all(by_frame[f].valid for f in range(20, 30))
 
 
 async def test_stale_or_non_finite_calibration_degrades_the_output():

@@ -419,6 +419,15 @@ class DmsService:
                 return
             start = time.perf_counter()
             frame = job.frame
+            if now() >= job.deadline:  # stale: nothing done for it could still be on time
+                self.metrics.timeouts.labels(layer="frame-budget").inc()
+                self._publish_invalid(
+                    job,
+                    f"frame budget: the frame was {(now() - job.start) * 1e3:.1f} ms old when it "
+                    f"could be warped (budget {self.config.budget * 1e3:g} ms)",
+                    degraded=True,
+                )
+                continue
             key = (frame.width, frame.height, frame.stride)
             warper = warpers.get(key)
             if warper is None:  # a geometry no cabin camera has: planned on first use
@@ -433,6 +442,10 @@ class DmsService:
                         awaited=f"warp of frame {frame.frame_id}",
                         error=CameraTimeout,
                     )
+            except BudgetExhausted as exc:
+                self.metrics.timeouts.labels(layer="frame-budget").inc()
+                self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
+                continue
             except (RuntimeFault, ValueError) as exc:
                 self._publish_invalid(job, f"warp: {exc}", degraded=True)
                 continue
