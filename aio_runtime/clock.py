@@ -104,7 +104,8 @@ def deadline_scope(
     bound, after an enclosing budget is spent (releasing what a failed frame acquired).
 
     ``started``: when the budget began, if before the block (a frame's budget starts at its start
-    of frame): errors then report the whole budget and the time since, not what was left.
+    of frame): a ``timeout`` counts from it, and errors report the whole budget and the time since,
+    not what was left.
 
     The scope bounds waits; it does not cancel plain computation. Leaving the block restores the
     enclosing deadline.

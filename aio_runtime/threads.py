@@ -41,27 +41,25 @@ class PendingCall:
     """A call handed to a :class:`WorkerThread`. :meth:`withdraw` takes it back while it is still
     queued (behind the calls before it): then it never runs."""
 
-    __slots__ = ("_lock", "_started", "_withdrawn", "_work")
+    __slots__ = ("_lock", "_started", "_work")
 
     def __init__(self, work: Callable[[], None]) -> None:
-        self._work = work
+        self._work: Callable[[], None] | None = work
         self._lock = threading.Lock()
         self._started = False
-        self._withdrawn = False
 
     def withdraw(self) -> bool:
         """True if the call had not started and now never will; False once it has started."""
         with self._lock:
             if not self._started:
-                self._withdrawn = True
-            return self._withdrawn
+                self._work = None  # what it would have used is released now, not when reached
+            return not self._started
 
     def _run(self) -> None:  # on the worker thread
         with self._lock:
-            if self._withdrawn:
-                return
-            self._started = True
-        self._work()
+            work, self._started = self._work, self._work is not None
+        if work is not None:
+            work()
 
 
 class WorkerThread:

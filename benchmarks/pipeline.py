@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -118,6 +119,8 @@ class StillCamera(SourceBase):
         self.finished = 0
         self.progress = anyio.Event()
         self.next_sof = clock_ns()
+        self.ended: Callable[[], int] = lambda: 0
+        """Frames the service has finished with (published or dropped)."""
         self.delivered_at: dict[int, float] = {}
         """Frame id -> when the service got it (loop clock, seconds)."""
 
@@ -130,7 +133,9 @@ class StillCamera(SourceBase):
             raise StopAsyncIteration
         while not self.fps and self.count - self.finished >= 2:
             self.progress = anyio.Event()
-            await self.progress.wait()
+            with anyio.move_on_after(0.05):  # a dropped frame publishes nothing: look again
+                await self.progress.wait()
+            self.finished = max(self.finished, self.ended())
         if self.fps:
             sof = self.next_sof
             self.next_sof += round(1e9 / self.fps)
@@ -162,6 +167,7 @@ async def run_service(camera: CameraConfig, fps: float | None, frames: int) -> d
     first: float | None = None
     started = anyio.Event()
     async with DmsService(config, source=source) as service:
+        source.ended = lambda: service.summary.frames.ended
 
         async def collect() -> None:
             nonlocal published, first

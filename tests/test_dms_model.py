@@ -733,6 +733,7 @@ async def test_a_run_that_will_not_stop_is_in_flight_and_the_next_run_waits_for_
             with pytest.raises(ModelTimeout) as waited:
                 await runner.run(IMAGE, CALIB, timeout=0.03)
             assert "never started: still queued behind" in str(waited.value.__notes__)
+            assert runner.statistics().in_flight  # the stuck run, not the withdrawn one
             stuck.release.set()
             out = await runner.run(IMAGE, CALIB, timeout=5.0)
         assert out.shape == (553,)

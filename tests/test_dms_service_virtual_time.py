@@ -65,7 +65,11 @@ def _layer(reason: str) -> str:
     return reason.split(": ", 1)[0]
 
 
-async def test_a_hung_accelerator_is_unavailable_within_its_deadline_in_virtual_time():
+@pytest.mark.parametrize(
+    ("fault", "layer"),
+    [("gpu-hang", "gpu-queue"), ("fence-stall", "gpu-queue"), ("usb-timeout", "usb-transfer")],
+)
+async def test_a_hung_accelerator_is_unavailable_within_its_deadline_in_virtual_time(fault, layer):
     camera = SyntheticCamera()
     period = camera.period_ns / 1e9
     config = ServiceConfig(
@@ -73,7 +77,7 @@ async def test_a_hung_accelerator_is_unavailable_within_its_deadline_in_virtual_
         health_port=None,
         calib=(0.0, 0.0, 0.0),
         frames=FRAMES,
-        faults=f"gpu-hang@{HANG_START}+{HANG_FRAMES}",
+        faults=f"{fault}@{HANG_START}+{HANG_FRAMES}",
     )
     messages = []
     real_start = time.monotonic()
@@ -118,7 +122,7 @@ async def test_a_hung_accelerator_is_unavailable_within_its_deadline_in_virtual_
     unavailable = next(
         m for m in messages if m.frame_id >= HANG_START and m.availability == "unavailable"
     )
-    assert _layer(unavailable.reason) == "gpu-queue", unavailable.reason
+    assert _layer(unavailable.reason) == layer, unavailable.reason
     assert not unavailable.valid
     bound = hung.timestamp_sof / 1e9 + (MISSES - 1) * period + config.budget
     assert _published(unavailable) <= bound + 1e-6, (
@@ -131,7 +135,7 @@ async def test_a_hung_accelerator_is_unavailable_within_its_deadline_in_virtual_
     back = next(m for m in messages if m.frame_id >= cleared and m.valid)
     assert all(not m.valid for m in messages if HANG_START <= m.frame_id < back.frame_id)
     after = [m for m in messages if m.seq >= back.seq]
-    assert len(after) >= 10
+    assert len(after) >= 3  # a USB link still timing out (1 s) delays the reopen the most
     assert all(m.valid and m.availability == "available" for m in after)
     assert after[-1].frame_id == FRAMES - 1
     assert service.availability.state.availability.value == "available"

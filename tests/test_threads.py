@@ -5,8 +5,10 @@ Real time (threads are involved), short durations.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import anyio
 import pytest
@@ -248,3 +250,27 @@ async def test_a_call_whose_bound_ends_while_queued_on_a_worker_is_withdrawn_at_
     assert ran == ["first"]  # the withdrawn call never ran
     ledger.assert_empty()
     worker.close()
+
+
+def test_a_withdrawn_call_lets_go_of_what_it_would_have_used_at_once():
+    from aio_runtime import WorkerThread
+
+    class Inputs:
+        pass
+
+    worker = WorkerThread("busy worker")
+    started, release, ran = threading.Event(), threading.Event(), []
+    first = worker.submit(lambda: (started.set(), release.wait(5)))
+    assert started.wait(5)
+    inputs = Inputs()
+    released = weakref.ref(inputs)
+    queued = worker.submit(lambda inputs=inputs: ran.append(inputs))
+    del inputs
+    assert queued.withdraw() and not first.withdraw()  # the first one has started
+    gc.collect()
+    assert released() is None  # not held until the worker reaches the withdrawn call
+    release.set()
+    worker.close()
+    assert worker._thread is not None
+    worker._thread.join(5)
+    assert ran == []

@@ -82,8 +82,10 @@ class SimAccelerator:
         self.image_size = image_size
         self.output_size = output_size
         self._buffers: tuple[Buffer, Buffer, Buffer] | None = None
-        self._pending_since: float | None = None
-        """When the oldest kernel not known to have completed was submitted (loop clock)."""
+        self._owed_since: float | None = None
+        """Since when (loop clock) the device owes a run it has not finished: None when idle."""
+        self._progress_at = 0.0
+        """When the device last finished a step (a copy, a kernel)."""
 
     @classmethod
     async def open(
@@ -124,30 +126,28 @@ class SimAccelerator:
         cal = np.ascontiguousarray(calib, dtype=np.float32).reshape(-1)
         if cal.size != 3:
             raise ValueError(f"the model takes a 3-value calibration, got {cal.size}")
+        if self._owed_since is None:
+            self._owed_since = now()
         start = time.perf_counter()
-        await self.session.copy_in(image_buffer, img)
-        # The copy waited for every earlier kernel reading the image (one whose frame gave up on
-        # it included): none is pending any more.
-        self._pending_since = None
+        await self.session.copy_in(image_buffer, img)  # after any kernel still reading it
+        self._progressed()
         await self.session.copy_in(calib_buffer, cal)
+        self._progressed()
         copied = time.perf_counter()
         submitted = [copied]
-
-        def on_submitted() -> None:
-            submitted[0] = time.perf_counter()
-            self._pending_since = now()
-
         await self.session.run_kernel(
             MODEL_KERNEL,
             [image_buffer, calib_buffer, output_buffer],
             reads=[image_buffer, calib_buffer],
             writes=[output_buffer],
             timeout=timeout,
-            on_submitted=on_submitted,
+            on_submitted=lambda: submitted.__setitem__(0, time.perf_counter()),
         )
-        self._pending_since = None
+        self._progressed()
         done = time.perf_counter()
         raw = await self.session.copy_out(output_buffer)
+        self._progressed()
+        self._owed_since = None
         finished = time.perf_counter()
         output = np.frombuffer(bytes(raw), dtype=np.float32).reshape(1, self.output_size)
         phases = PhaseTimes(
@@ -155,19 +155,23 @@ class SimAccelerator:
         )
         return output, phases
 
+    def _progressed(self) -> None:
+        self._progress_at = now()
+
     async def stalled_for(self, *, timeout: float) -> float:
-        """Seconds the device has held a kernel without completing it (0 when it has none): how
-        a hung GPU is told from a slow one. A kernel whose caller stopped waiting for it (its
-        frame ran out of budget) is checked on the device (one timeline read, bounded by
-        ``timeout``; a read that does not finish counts as no progress)."""
-        since = self._pending_since
-        if since is None:
+        """Seconds the device has owed a run without finishing any step of it (a copy, the
+        kernel): how a hung device — a kernel that never completes, a copy fence or a USB
+        transfer that never does — is told from a slow one, whose runs overrun the frame's budget
+        but keep finishing steps (0 when nothing is owed). A kernel whose frame stopped waiting
+        for it is checked on the device (one timeline read, bounded by ``timeout``: a read that
+        does not finish is no progress). Raises what reading the device raises (a lost device)."""
+        owed = self._owed_since
+        if owed is None:
             return 0.0
         with anyio.move_on_after(timeout):
             if await self.session.retire_finished():
-                self._pending_since = None
-                return 0.0
-        return now() - since
+                self._progressed()
+        return now() - max(owed, self._progress_at)
 
     async def aclose(self) -> None:
         await self.session.aclose()

@@ -154,6 +154,7 @@ class OnnxRunner:
             "failed": 0,
             "invalid_output": 0,
             "superseded": 0,
+            "running": 0,
         }
         self._count_lock = threading.Lock()  # the terminated count is kept on the worker thread
 
@@ -178,8 +179,8 @@ class OnnxRunner:
     def statistics(self) -> RunnerStatistics:
         with self._count_lock:
             counts = dict(self._counts)
-        busy = self._waiting is not None and self._waiting.running
-        return RunnerStatistics(**counts, in_flight=busy)
+        running = counts.pop("running")
+        return RunnerStatistics(**counts, in_flight=running > 0)
 
     def _count(self, what: str) -> None:
         with self._count_lock:
@@ -269,6 +270,7 @@ class OnnxRunner:
             if not turn.start():
                 raise RunSuperseded(f"{awaited}: replaced by a later run before it started")
             self._count("runs")
+            self._count("running")
             try:
                 (result,) = self._session.run([self._output_name], feeds, options)
                 return np.array(result, dtype=np.float32).reshape(-1)  # a copy: the caller's
@@ -279,10 +281,13 @@ class OnnxRunner:
                 raise ModelRunFailed(f"onnxruntime: {exc}", awaited=awaited) from exc
             finally:
                 turn.end()
+                with self._count_lock:
+                    self._counts["running"] -= 1
 
         def terminate() -> None:
             options.terminate = True
 
+        superseded = RunSuperseded(f"{awaited}: replaced by a later run before it started")
         try:
             with turn.scope:
                 flat = await run_in_thread(
@@ -293,7 +298,10 @@ class OnnxRunner:
                     cancel=terminate,
                     drain_timeout=self.drain_timeout,
                 )
-        except TimeoutError:
+        except (TimeoutError, RunSuperseded):
+            if turn.superseded:  # replaced, whatever woke the wait first (its bound, its thread)
+                self._count("superseded")
+                raise superseded from None
             self._count("timed_out")
             raise
         except ModelRunFailed:
@@ -301,7 +309,7 @@ class OnnxRunner:
             raise
         if turn.superseded:
             self._count("superseded")
-            raise RunSuperseded(f"{awaited}: replaced by a later run before it started")
+            raise superseded
         self._count("completed")
         return self._checked_output(flat)
 
@@ -326,10 +334,6 @@ class _Turn:
     @property
     def superseded(self) -> bool:
         return self._state == "superseded"
-
-    @property
-    def running(self) -> bool:
-        return self._state == "running"
 
     def start(self) -> bool:
         """On the runner's thread: False if the run was superseded."""

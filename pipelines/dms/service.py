@@ -2,16 +2,22 @@
 
 One anyio task per stage, joined by latest-frame-wins slots (at most one frame waits per stage;
 a replaced frame is dropped and counted). CPU work runs off the loop thread (the warp and the model
-in worker threads, or the model on the simulated accelerator). Each frame has a deadline — its
-start of frame plus ``budget`` — that bounds every wait made for it. Every outcome is reported to
-the availability state machine (design C6) and published: a frame ends as published valid,
-published invalid with a reason, or dropped and counted (C7).
+in worker threads, or the model on the simulated accelerator). On the CPU the model stage hands
+each warped frame to the runner at once: it waits on the runner's thread behind the run in
+progress and starts the moment that returns — unless a newer frame replaces it first (dropped,
+counted) — so the model's runs follow each other without a round trip through the event loop.
+Each frame has a deadline — its start of frame plus ``budget`` — that bounds every wait made for
+it. Every outcome is reported to the availability state machine (design C6) and published: a frame
+ends as published valid, published invalid with a reason, or dropped and counted (C7).
 
-Availability: a hardware timeout or fault, a lost device, a model that cannot run, a camera that
-stops → UNAVAILABLE with the reason, at once. Stale or missing calibration, a frame over its
-budget, an isolated invalid output → DEGRADED. Back to AVAILABLE after ``recover_after`` good
-frames in a row. The accelerator session is restarted by its own task with exponential backoff,
-for as long as the service runs.
+Availability: a hardware timeout or fault, a lost device, an accelerator that makes no progress
+for ``gpu_hang_after``, a model that cannot run, a camera that stops → UNAVAILABLE with the reason,
+at once. Stale or missing calibration, a frame over its budget, an isolated invalid output →
+DEGRADED; ``unavailable_after`` frames in a row without a valid output → UNAVAILABLE. Back to
+AVAILABLE after ``recover_after`` good frames in a row. The accelerator session is restarted by its
+own task with exponential backoff, for as long as the service runs. Reasons are written
+``"<kind>: <detail>"``; while a cause lasts, the availability keeps its first wording (one
+transition per cause, not one per frame).
 
 Every default lives in :class:`ServiceConfig` (and the CLI sets each).
 """
@@ -490,8 +496,8 @@ class DmsService:
         if calib is not None and not np.isfinite(calib[0]).all():
             calib = None
         model = self._model
-        if model is None:
-            self._publish_invalid(job, f"model unavailable: {self._device_state}")
+        if model is None:  # the accelerator's supervisor reports the availability meanwhile
+            self._publish_invalid(job, f"model unavailable: {self._device_state}", report=False)
             return False
         # This session's failure signal: a failure seen after a restart began must not restart
         # the next session.
@@ -519,34 +525,49 @@ class DmsService:
             self._drop("model", job)
             return False
         except BudgetExhausted as exc:
-            self.metrics.timeouts.labels(layer="frame-budget").inc()
-            stalled = 0.0
-            if isinstance(model, SimAccelerator):
-                stalled = await model.stalled_for(timeout=cfg.budget)
-            if stalled >= cfg.gpu_hang_after:  # not a slow frame: a hung GPU
-                self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
-                self._publish_invalid(
-                    job,
-                    f"{exc.layer}: the accelerator has held a kernel for {stalled:.3f} s without "
-                    f"completing it (hung after {cfg.gpu_hang_after:g} s; {exc.message})",
-                )
-                failed.set()
-                return False
-            self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
+            await self._overran(job, model, exc, failed)
             return False
         except (HardwareTimeout, RuntimeFault) as exc:
-            if failed.is_set():  # the session was already failing: this is a consequence
-                self._publish_invalid(job, f"model unavailable: {self._device_state}")
-                return False
-            self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
-            self._publish_invalid(job, f"{exc.layer}: {exc.message}")
-            if cfg.device == "sim":
-                failed.set()
+            self._device_fault(job, exc, failed)
             return False
         job.stages["model"] = time.perf_counter() - start
         self.metrics.stage_latency.labels(stage="model").observe(job.stages["model"])
         job.output, job.gpu_time = output, gpu_time
         return True
+
+    async def _overran(
+        self, job: _Job, model: Any, exc: BudgetExhausted, failed: anyio.Event
+    ) -> None:
+        """The frame ran out of budget waiting for the model: late (DEGRADED) — unless the
+        accelerator has made no progress for ``gpu_hang_after``: hung (UNAVAILABLE, restarted)."""
+        cfg = self.config
+        self.metrics.timeouts.labels(layer="frame-budget").inc()
+        if isinstance(model, SimAccelerator) and not failed.is_set():
+            try:
+                stalled = await model.stalled_for(timeout=cfg.budget)
+            except RuntimeFault as probe_error:  # the device could not even be read
+                self._device_fault(job, probe_error, failed)
+                return
+            if stalled >= cfg.gpu_hang_after:
+                self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
+                self._publish_invalid(
+                    job,
+                    f"{exc.layer}: the accelerator has made no progress for {stalled:.3f} s "
+                    f"(hung after {cfg.gpu_hang_after:g} s; {exc.message})",
+                )
+                failed.set()
+                return
+        self._publish_invalid(job, f"frame budget: {exc.message}", degraded=True)
+
+    def _device_fault(self, job: _Job, exc: RuntimeFault, failed: anyio.Event) -> None:
+        """A hardware timeout or fault from the model's device: UNAVAILABLE, session restarted."""
+        if failed.is_set():  # the session was already failing: this is a consequence
+            self._publish_invalid(job, f"model unavailable: {self._device_state}", report=False)
+            return
+        self.metrics.timeouts.labels(layer=str(exc.layer)).inc()
+        self._publish_invalid(job, f"{exc.layer}: {exc.message}")
+        if self.config.device == "sim":
+            failed.set()
 
     def _finish(self, job: _Job) -> None:
         """Decode the job's output, report it and publish it."""
@@ -592,19 +613,23 @@ class DmsService:
         *,
         degraded: bool = False,
         output: np.ndarray | None = None,
+        report: bool = True,
     ) -> None:
+        """Publish the frame invalid with ``reason`` and report it to the availability (unless
+        ``report`` is false: someone else reports the cause)."""
         self._without_output += 1
         if degraded and self._without_output < self.config.unavailable_after:
             self._degrade(reason)  # an isolated failure
-        else:
+        elif report:
             if degraded:  # not isolated any more: nothing trustworthy comes out
                 reason = f"no valid output: {self._without_output} frames in a row; {reason}"
             self._unavailable(reason)
         self._publish(job, valid=False, reason=reason, output=output)
 
     # Reasons are written "<kind>: <detail>". A frame's reason says what happened to it; the
-    # availability keeps the first wording of a kind while the state holds, so a fault that
-    # lasts is one transition, not one per frame.
+    # availability keeps the first wording of a kind while the state holds (a second fault of
+    # the same kind meanwhile shows under the first's wording), so a cause that lasts is one
+    # transition, not one per frame.
 
     def _degrade(self, reason: str) -> None:
         self.availability.report_degraded(self._same_kind(Availability.DEGRADED, reason))

@@ -435,12 +435,13 @@ class GpuSession:
                 )
         self._retire(timeline)
 
-    async def retire_finished(self) -> bool:
+    async def retire_finished(self) -> int:
         """Read the timeline once and release the kernels whose waits ended early (timed out,
-        cancelled) that the device has finished since; True when none is left outstanding."""
-        if self._lingering:
+        cancelled) that the device has finished since; how many it released."""
+        before = len(self._lingering)
+        if before:
             self._retire((await self._timeline()).value)
-        return not self._lingering
+        return before - len(self._lingering)
 
     def _retire(self, timeline: int) -> None:
         """The device has finished the lingering kernels up to ``timeline``: release them."""
@@ -467,6 +468,9 @@ class GpuSession:
                         self._timeline, finished, awaited=awaited, within=bound, expected=value
                     )
                     if state.error:
+                        self.readiness.mark_down(
+                            ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{state.error:x}"
+                        )
                         raise GpuFault(
                             f"the GPU entered its error state (interrupt 0x{state.error:x}) "
                             f"before lingering {work.name} (timeline {value}) finished",
