@@ -43,7 +43,7 @@ import onnxruntime as ort
 from aio_runtime import now
 from pipelines.dms.camera import AR_OX_FISHEYE, OS_FISHEYE, CameraConfig, Frame
 from pipelines.dms.camera_sources import SourceBase, clock_ns
-from pipelines.dms.decode import decode
+from pipelines.dms.decode import Decoder
 from pipelines.dms.model import load_contract
 from pipelines.dms.reference_model import reference_model_path
 from pipelines.dms.service import DmsService, ServiceConfig
@@ -67,6 +67,7 @@ def run_sync(camera: CameraConfig, fps: float | None, frames: int) -> dict[str, 
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     warper = Warper()
+    decoder = Decoder(contract.output_slices)
     calib = np.zeros((1, 3), np.float32)
     layout = camera.layout
     buffer = np.random.default_rng(0).integers(0, 256, layout.size, dtype=np.uint8)
@@ -84,7 +85,7 @@ def run_sync(camera: CameraConfig, fps: float | None, frames: int) -> dict[str, 
         img = warper.warp(buffer, camera.width, camera.height, layout.stride)
         (out,) = session.run(None, {"input_img": img, "calib": calib})
         compute = time.perf_counter() - t0
-        decode(np.asarray(out).reshape(-1), contract.output_slices)
+        decoder(np.asarray(out).reshape(-1))
         done = time.perf_counter()
         latencies.append(done - sof)
         overheads.append(done - t0 - compute)

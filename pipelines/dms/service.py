@@ -63,7 +63,7 @@ from .accelerator import SimAccelerator, simulated_device
 from .camera import CABIN_CAMERAS, Frame
 from .camera_sources import SyntheticCalibration, SyntheticCamera, clock_ns
 from .channels import FrameAccounting, LatestSlot, SlotClosed, reason_kind
-from .decode import decode
+from .decode import Decoder
 from .endpoints import HealthState, Metrics, create_app, serve
 from .faults import parse_faults
 from .messages import READINESS_LAYERS, DriverStateV2
@@ -215,7 +215,8 @@ class DmsService:
         self._frame_arrived = anyio.Event()
         self._device_failed = anyio.Event()
         self._model: Any = None  # an OnnxRunner or a SimAccelerator, when ready
-        self._slices: Any = {}
+        self._decoder = Decoder({})
+        """Set once the model's contract is read."""
         self._device_state = "loading the model"
         """Why there is no model to run, while there is none."""
         self._runners: list[OnnxRunner] = []
@@ -575,7 +576,7 @@ class DmsService:
         assert output is not None
         if any(f.name == "nan-output" and f.active(job.number) for f in self._faults):
             output = np.full_like(output, np.nan)
-        decoded = decode(output, self._slices)
+        decoded = self._decoder(output)
         if not decoded.valid:
             self._publish_invalid(
                 job, f"invalid output: {decoded.reason}", degraded=True, output=output
@@ -748,7 +749,7 @@ class DmsService:
         path, contract = await run_in_thread(
             load, awaited="the model's contract", error=ModelTimeout, timeout=cfg.model_load_timeout
         )
-        self._slices = contract.output_slices
+        self._decoder = Decoder(contract.output_slices)
         if cfg.device == "cpu":
             runner = await OnnxRunner.open(
                 path, timeout=cfg.model_load_timeout, intra_op_threads=cfg.intra_op_threads
