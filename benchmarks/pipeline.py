@@ -213,31 +213,33 @@ async def run_service(camera: CameraConfig, fps: float | None, frames: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="per 20 Hz run")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per 20 Hz round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved 20 Hz rounds")
     parser.add_argument(
-        "--rounds", type=int, default=5, help="interleaved max-rate rounds (1 s each); medians"
+        "--max-rounds", type=int, default=5, help="interleaved max-rate rounds (1 s each)"
     )
     args = parser.parse_args()
     print(
         f"onnxruntime {ort.__version__}: intra-op threads {THREADS}, inter-op 1, no spinning; "
         f"{os.cpu_count()} CPUs; reference model (untrained)"
     )
+    # Each figure is the median over interleaved rounds of the synchronous loop and the service:
+    # the machine's speed drifts between runs more than the two loops differ.
     rows: dict[str, dict[str, Any]] = {}
     for camera in (AR_OX_FISHEYE, OS_FISHEYE):
         size = f"{camera.width}x{camera.height}"
-        frames = int(args.seconds * 20)
-        rows[f"sync {size} 20 Hz"] = run_sync(camera, 20.0, frames)
-        rows[f"service {size} 20 Hz"] = anyio.run(run_service, camera, 20.0, frames)
-        # The maximum rate in interleaved rounds, each figure the median over the rounds: the
-        # machine's speed drifts between runs more than the two loops differ.
-        rounds: dict[str, list[dict[str, Any]]] = {"sync": [], "service": []}
-        for _ in range(args.rounds):
-            rounds["sync"].append(run_sync(camera, None, 160))
-            rounds["service"].append(anyio.run(run_service, camera, None, 160))
-        for kind, results in rounds.items():
-            rows[f"{kind} {size} max"] = {
-                key: float(np.median([r[key] for r in results])) for key in results[0]
-            }
+        for fps, label, rounds, frames in (
+            (20.0, "20 Hz", args.rounds, int(args.seconds * 20)),
+            (None, "max", args.max_rounds, 160),
+        ):
+            results: dict[str, list[dict[str, Any]]] = {"sync": [], "service": []}
+            for _ in range(rounds):
+                results["sync"].append(run_sync(camera, fps, frames))
+                results["service"].append(anyio.run(run_service, camera, fps, frames))
+            for kind, runs in results.items():
+                rows[f"{kind} {size} {label}"] = {
+                    key: float(np.median([r[key] for r in runs])) for key in runs[0]
+                }
     header = (
         f"{'run':<28} {'fps':>7} {'lat p50':>8} {'lat p99':>8} {'ovh p99':>8} {'late p99':>8} "
         f"{'cpu/fr':>7} {'lag p99':>8}"

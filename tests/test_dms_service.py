@@ -16,6 +16,10 @@ from pipelines.dms.service import DmsService, ServiceConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
+CPU = {"device": "cpu", "health_port": None, "calib": (0.0, 0.0, 0.0), "budget": 0.5}
+"""The model on the CPU, a static calibration, a budget no hiccup of a loaded machine misses: for
+tests whose subject is not the budget."""
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -51,7 +55,7 @@ async def test_every_frame_ends_exactly_once_even_when_frames_are_dropped():
 
 
 async def test_a_resolution_change_mid_stream_is_warped_with_the_new_geometry():
-    config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0), frames=30)
+    config = ServiceConfig(**CPU, frames=30)
     source = SyntheticCamera(frames=30, switch_at=15)
     service, messages = await run(config, source)
     service.summary.frames.check()
@@ -62,8 +66,8 @@ async def test_a_stale_frame_is_published_invalid_not_processed():
     async def source():
         async with SyntheticCamera(frames=30) as camera:
             async for frame in camera:
-                if frame.frame_id in (10, 11):  # delivered 0.2 s after its start of frame
-                    shift = 200_000_000
+                if frame.frame_id in (10, 11):  # delivered 1 s after its start of frame
+                    shift = 1_000_000_000
                     frame = dataclasses.replace(
                         frame,
                         timestamp_sof=frame.timestamp_sof - shift,
@@ -71,14 +75,14 @@ async def test_a_stale_frame_is_published_invalid_not_processed():
                     )
                 yield frame
 
-    config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0))
+    config = ServiceConfig(**CPU)
     service, messages = await run(config, source())
     service.summary.frames.check()
     by_frame = {m.frame_id: m for m in messages}
     for stale in (10, 11):
         message = by_frame[stale]
         assert not message.valid and message.left_driver_data is None
-        assert re.fullmatch(r"frame budget: the frame was 2\d\d\.\d ms old .*", message.reason)
+        assert re.fullmatch(r"frame budget: the frame was 1\d\d\d\.\d ms old .*", message.reason)
     assert message.availability == "degraded"  # an isolated overrun, not an outage
     assert all(by_frame[f].valid for f in range(20, 30))
 
@@ -95,13 +99,7 @@ async def test_stale_or_non_finite_calibration_degrades_the_output():
 
 
 async def test_health_reports_unavailable_while_the_camera_is_stalled():
-    config = ServiceConfig(
-        device="cpu",
-        health_port=None,
-        calib=(0.0, 0.0, 0.0),
-        frames=60,
-        faults="camera-stall@20+12",
-    )
+    config = ServiceConfig(**CPU, frames=60, faults="camera-stall@20+12")
     states = []
     messages = []
     with anyio.fail_after(60):
@@ -138,7 +136,12 @@ async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
     # A budget every frame overruns (the kernel finishes a few ms after the deadline): late
     # frames, DEGRADED, then UNAVAILABLE for want of valid output — but no hang, no restart.
     config = ServiceConfig(
-        device="sim", health_port=None, calib=(0.0, 0.0, 0.0), frames=30, budget=0.028
+        device="sim",
+        health_port=None,
+        calib=(0.0, 0.0, 0.0),
+        frames=30,
+        budget=0.028,
+        gpu_hang_after=0.5,  # a loaded machine's hiccup is not what this is about
     )
     service, messages = await run(config)
     service.summary.frames.check()
@@ -158,9 +161,7 @@ async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
 
 
 async def test_output_that_is_never_valid_is_unavailable_not_degraded_forever():
-    config = ServiceConfig(
-        device="cpu", health_port=None, calib=(0.0, 0.0, 0.0), frames=40, faults="nan-output@5+30"
-    )
+    config = ServiceConfig(**CPU, frames=40, faults="nan-output@5+30")
     service, messages = await run(config)
     service.summary.frames.check()
     unavailable = [m for m in messages if m.availability == "unavailable" and 5 <= m.frame_id < 35]
