@@ -7,15 +7,16 @@ cabin cameras, at 20 Hz and at the maximum rate:
 * ``sync``: one thread, frame after frame (as ``dmonitoringmodeld`` runs);
 * ``service``: :class:`~pipelines.dms.service.DmsService` (``--device cpu``), latest frame wins.
 
-Reported per run: frames/s; end-to-end latency p50/p99 (start of frame to published, the camera's
-readout included); the per-frame overhead beyond the warp and model compute (from the frame being
-handed over to published, minus that compute); how late after its end of frame the source handed
-the frame over (``late``: a sleep for the synchronous loop, a loop timer for the service; both
-sources' artefacts, in the latency but not the overhead); process CPU per frame; and, for the
-service, the event loop's lag —
-how late a 1 ms timer fires while the pipeline runs (a synchronous loop has no event loop to serve
-health checks or deadlines at all). Final JSON line with ``sync_fps``, ``service_fps`` (maximum
-rate, 1928x1208), ``overhead_p99_ms_20hz``, ``latency_p99_ms_20hz``, ``loop_lag_p99_ms``.
+The two run in interleaved rounds; each reported figure is the median over the rounds. Reported:
+frames/s; end-to-end latency p50/p99 (start of frame to published, the camera's readout included);
+the per-frame overhead beyond the warp and model compute (from the frame being handed over to
+published, minus that compute); how late after its end of frame the source handed the frame over
+(``late``: a sleep for the synchronous loop, a loop timer for the service; both sources' artefacts,
+in the latency but not the overhead); process CPU per frame; and, for the service, the event
+loop's lag — how late a 1 ms timer fires while the pipeline runs (a synchronous loop has no event
+loop to serve health checks or deadlines at all; asyncio's timers alone fire up to ~1 ms late).
+Final JSON line with ``sync_fps``, ``service_fps`` (maximum rate, 1928x1208),
+``overhead_p99_ms_20hz``, ``latency_p99_ms_20hz``, ``loop_lag_p99_ms`` (the worst service row).
 Targets: overhead p99 at 20 Hz <= 2 ms; service_fps >= 0.95 x sync_fps; loop lag p99 <= 2 ms.
 """
 
