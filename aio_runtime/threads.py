@@ -21,9 +21,10 @@ The call runs in a copy of the caller's context (log context, ledger).
 from __future__ import annotations
 
 import contextvars
+import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from .clock import validate_timeout
@@ -67,10 +68,12 @@ class WorkerThread:
 
     Started on its first call; :meth:`close` lets it end once its queue is empty. A call may be
     handed over while another runs: it waits in the queue, and the thread goes from one call to
-    the next without a round trip through the event loop."""
+    the next without a round trip through the event loop. ``cpus``: the CPUs the thread may run
+    on (Linux), e.g. to keep a long computation off the event loop's CPU."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, cpus: Collection[int] | None = None) -> None:
         self.name = name
+        self.cpus = None if cpus is None else frozenset(cpus)
         self._calls: queue.SimpleQueue[PendingCall | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -83,6 +86,8 @@ class WorkerThread:
         return call
 
     def _serve(self) -> None:
+        if self.cpus is not None:
+            os.sched_setaffinity(0, self.cpus)  # this thread's
         for call in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
             call._run()
 

@@ -5,6 +5,7 @@ calibration, health."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import anyio
@@ -161,17 +162,24 @@ async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
 
 
 async def test_output_that_is_never_valid_is_unavailable_not_degraded_forever():
-    config = ServiceConfig(**CPU, frames=40, faults="nan-output@5+30")
+    config = ServiceConfig(**CPU, frames=50, faults="nan-output@10+30")
     service, messages = await run(config)
     service.summary.frames.check()
-    unavailable = [m for m in messages if m.availability == "unavailable" and 5 <= m.frame_id < 35]
+    nan = [m for m in messages if 10 <= m.frame_id < 40]
+    unavailable = [m for m in nan if m.availability == "unavailable"]
     assert unavailable and all(m.reason.startswith("no valid output: ") for m in unavailable)
-    assert unavailable[0].frame_id == 5 + config.unavailable_after - 1  # the 10th NaN in a row
-    assert not service.health().ready or messages[-1].frame_id >= 35
+    first = unavailable[0].frame_id  # the 10th frame in a row without output, at the latest
+    assert first <= 10 + config.unavailable_after - 1
+    before = [m for m in nan if m.frame_id < first]
+    assert all(
+        m.availability == "degraded" and m.reason.startswith("invalid output: ") for m in before
+    )
+    assert not service.health().ready or messages[-1].frame_id >= 45
     # A lasting fault is one transition per kind, not one per frame; the summary counts by kind.
     reasons = [t for _, t in service.summary.transitions]
     assert sum("no valid output" in t for t in reasons) == 1, reasons
     assert set(service.summary.frames.invalid) <= {
+        "model unavailable",  # frames before the model is loaded
         "invalid output",
         "no valid output",
         "recovering",
@@ -210,3 +218,30 @@ async def test_a_non_finite_calibration_sample_is_rejected_and_named():
     assert late and all(not m.valid for m in late)
     assert any("calibration rejected" in m.reason for m in late)
     assert service.health().readiness["taskComplete"] is True  # the model ran
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+async def test_the_model_can_have_cpus_of_its_own_and_the_loop_gets_its_cpus_back():
+    before = os.sched_getaffinity(0)
+    model_cpu = max(before)
+    inside = []
+
+    async def source():
+        async with SyntheticCamera(frames=12) as camera:
+            async for frame in camera:
+                inside.append(os.sched_getaffinity(0))  # on the loop's thread
+                yield frame
+
+    service, messages = await run(ServiceConfig(**CPU, model_cpus=(model_cpu,)), source())
+    service.summary.frames.check()
+    assert any(m.valid for m in messages)
+    assert inside and all(model_cpu not in cpus for cpus in inside)  # the loop keeps off it
+    assert os.sched_getaffinity(0) == before
+
+
+def test_model_cpus_are_checked_against_the_cpus_there_are():
+    available = sorted(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match="model_cpus must be some of the CPUs"):
+        ServiceConfig(model_cpus=(max(available) + 1,))
+    with pytest.raises(ValueError, match="leaves no CPU for the event loop"):
+        ServiceConfig(model_cpus=tuple(available))

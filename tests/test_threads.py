@@ -6,6 +6,7 @@ Real time (threads are involved), short durations.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 import weakref
@@ -274,3 +275,23 @@ def test_a_withdrawn_call_lets_go_of_what_it_would_have_used_at_once():
     assert worker._thread is not None
     worker._thread.join(5)
     assert ran == []
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+async def test_a_worker_thread_runs_on_the_cpus_it_is_given():
+    from aio_runtime import WorkerThread
+
+    cpu = max(os.sched_getaffinity(0))
+    worker = WorkerThread("placed", cpus={cpu})
+    try:
+        seen = await run_in_thread(
+            lambda: os.sched_getaffinity(0),
+            awaited="affinity",
+            error=ModelTimeout,
+            timeout=5,
+            worker=worker,
+        )
+    finally:
+        worker.close()
+    assert seen == {cpu}
+    assert os.sched_getaffinity(0) != {cpu}  # the caller's thread is left as it was

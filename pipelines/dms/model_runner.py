@@ -29,6 +29,7 @@ wrong input shape, dtype, a calibration that is not finite) — raised before an
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +106,8 @@ class OnnxRunner:
     """A DMS model on onnxruntime's CPU provider. Use one runner from one event loop.
 
     ``intra_op_threads`` (default 1): threads one run may use. ``drain_timeout``: how long an
-    overrunning run is awaited after being asked to stop. Creating the session blocks for a few
+    overrunning run is awaited after being asked to stop. ``cpus``: the CPUs the runner's thread
+    runs on (see :class:`~aio_runtime.WorkerThread`). Creating the session blocks for a few
     milliseconds; :meth:`open` does it on a worker thread under a bound.
     """
 
@@ -116,6 +118,7 @@ class OnnxRunner:
         intra_op_threads: int = 1,
         drain_timeout: float = 1.0,
         contract: ModelContract | None = None,
+        cpus: Collection[int] | None = None,
     ) -> None:
         if isinstance(intra_op_threads, bool) or not isinstance(intra_op_threads, int):
             raise TypeError(f"intra_op_threads must be an int, got {intra_op_threads!r}")
@@ -141,7 +144,7 @@ class OnnxRunner:
         except Exception as exc:
             raise ModelContractError(f"onnxruntime cannot load {self.path}: {exc}") from exc
         self._output_name = self.contract.output.name
-        self._worker = WorkerThread(f"model {self.path.name}")
+        self._worker = WorkerThread(f"model {self.path.name}", cpus=cpus)
         """Runs the model: one long-lived thread, so runs never overlap and follow each other
         without waiting for the event loop in between."""
         self._waiting: _Turn | None = None
@@ -166,11 +169,14 @@ class OnnxRunner:
         timeout: float,
         intra_op_threads: int = 1,
         drain_timeout: float = 1.0,
+        cpus: Collection[int] | None = None,
     ) -> OnnxRunner:
         """Check the contract and create the session on a worker thread, bounded by ``timeout``
         (:class:`~aio_runtime.ModelTimeout`) and any enclosing deadline scope."""
         return await run_in_thread(
-            lambda: cls(model, intra_op_threads=intra_op_threads, drain_timeout=drain_timeout),
+            lambda: cls(
+                model, intra_op_threads=intra_op_threads, drain_timeout=drain_timeout, cpus=cpus
+            ),
             awaited=f"loading model {Path(model).name}",
             error=ModelTimeout,
             timeout=timeout,

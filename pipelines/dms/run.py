@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -129,6 +130,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=d.intra_op_threads, help="onnxruntime intra-op threads"
     )
+    parser.add_argument(
+        "--model-cpus",
+        default="auto",
+        metavar="auto|none|N,N...",
+        help="CPUs for the model's thread with --device cpu, the event loop kept off them "
+        "(auto: the last CPU, when there are two or more)",
+    )
 
 
 def _config(args: argparse.Namespace) -> ServiceConfig:
@@ -153,7 +161,20 @@ def _config(args: argparse.Namespace) -> ServiceConfig:
         duration=args.duration,
         faults=args.faults,
         intra_op_threads=args.threads,
+        model_cpus=_model_cpus(args.model_cpus, args.device),
     )
+
+
+def _model_cpus(spec: str, device: str) -> tuple[int, ...] | None:
+    if spec == "none" or device != "cpu":
+        return None
+    if spec == "auto":
+        available = sorted(os.sched_getaffinity(0))
+        return (available[-1],) if len(available) >= 2 else None
+    try:
+        return tuple(int(cpu) for cpu in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--model-cpus: expected auto, none or CPU numbers, got {spec!r}") from None
 
 
 def format_summary(summary: Summary) -> str:

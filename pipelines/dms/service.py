@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -120,6 +121,11 @@ class ServiceConfig:
     duration: float | None = None
     faults: str = ""
     intra_op_threads: int = 1
+    model_cpus: tuple[int, ...] | None = None
+    """CPUs for the model's thread (onnxruntime on the CPU); the event loop and the warp then keep
+    off them. Without it, a model run woken by the loop tends to be placed on the loop's own CPU
+    (the scheduler's wake-up placement) and hold the loop off it for milliseconds. None: no
+    placement. Linux only."""
     model_load_timeout: float = 10.0
     device_open_timeout: float = 10.0
 
@@ -144,6 +150,17 @@ class ServiceConfig:
             )
         if self.calib is not None:
             _check_calib(self.calib)
+        if self.model_cpus is not None:
+            available = os.sched_getaffinity(0)
+            if not self.model_cpus or not set(self.model_cpus) <= available:
+                raise ValueError(
+                    f"model_cpus must be some of the CPUs this process may use "
+                    f"({sorted(available)}), got {list(self.model_cpus)}"
+                )
+            if not available - set(self.model_cpus):
+                raise ValueError(
+                    f"model_cpus {list(self.model_cpus)} leaves no CPU for the event loop"
+                )
         specs = parse_faults(self.faults)
         if self.device == "cpu" and any(spec.device is not None for spec in specs):
             raise ValueError("accelerator faults need --device sim")
@@ -213,6 +230,8 @@ class DmsService:
         self._calib: tuple[np.ndarray, float] | None = None
         self._seq = 0
         self._frame_arrived = anyio.Event()
+        self._model_ready = anyio.Event()
+        """Set once a model (or the accelerator) first can run frames."""
         self._device_failed = anyio.Event()
         self._model: Any = None  # an OnnxRunner or a SimAccelerator, when ready
         self._decoder = Decoder({})
@@ -226,6 +245,8 @@ class DmsService:
         """The last frame's task complete / output valid, for the health endpoints."""
         self._last_sof: int | None = None
         """The newest frame's start of frame (ns)."""
+        self._other_cpus: frozenset[int] | None = None
+        """The CPUs the loop and the warp keep to, when the model has CPUs of its own."""
         self._jobs: dict[int, _Job] = {}
         """Frames received and not yet published or dropped, by number."""
         self._without_output = 0
@@ -282,6 +303,11 @@ class DmsService:
         warp_slot: LatestSlot[_Job] = LatestSlot("warp", lambda job: self._drop("warp", job))
         model_slot: LatestSlot[_Job] = LatestSlot("model", lambda job: self._drop("model", job))
         decode_slot: LatestSlot[_Job] = LatestSlot("decode", lambda job: self._drop("decode", job))
+        loop_cpus = os.sched_getaffinity(0)  # this thread's: it runs the event loop
+        if cfg.model_cpus is not None:
+            self._other_cpus = frozenset(loop_cpus - set(cfg.model_cpus)) or None
+            if self._other_cpus is not None:
+                os.sched_setaffinity(0, self._other_cpus)
         try:
             async with anyio.create_task_group() as services:
                 services.start_soon(self._follow_availability)
@@ -299,6 +325,11 @@ class DmsService:
                 warpers = await run_in_thread(
                     _plan_warps, awaited="warp plans", error=CameraTimeout, timeout=10.0
                 )
+                # Frames are wanted once there is a model to run them (a recording replayed from
+                # its start loses none to the model loading); a model that takes too long to
+                # come up does not hold the camera back: its frames say so.
+                with anyio.move_on_after(cfg.model_load_timeout + cfg.device_open_timeout):
+                    await self._model_ready.wait()
                 services.start_soon(self._camera_watchdog)
                 async with anyio.create_task_group() as stages:
                     stages.start_soon(self._warp_stage, warp_slot, model_slot, warpers)
@@ -313,6 +344,8 @@ class DmsService:
                 self._drop("shutdown", job)
             for runner in self._runners:
                 runner.close()
+            if self._other_cpus is not None:
+                os.sched_setaffinity(0, loop_cpus)
             self._done.set()
 
     def _drop(self, stage: str, job: _Job) -> None:
@@ -405,7 +438,7 @@ class DmsService:
         outbox: LatestSlot[_Job],
         warpers: dict[tuple[int, int, int], Warper],
     ) -> None:
-        worker = WorkerThread("warp")
+        worker = WorkerThread("warp", cpus=self._other_cpus)
         try:
             await self._warp_frames(inbox, outbox, warpers, worker)
         finally:
@@ -752,19 +785,24 @@ class DmsService:
         self._decoder = Decoder(contract.output_slices)
         if cfg.device == "cpu":
             runner = await OnnxRunner.open(
-                path, timeout=cfg.model_load_timeout, intra_op_threads=cfg.intra_op_threads
+                path,
+                timeout=cfg.model_load_timeout,
+                intra_op_threads=cfg.intra_op_threads,
+                cpus=cfg.model_cpus,
             )
             self._runners.append(runner)
             self._model = runner
+            self._model_ready.set()
             for layer in (ReadinessLayer.DEVICE_ONLINE, ReadinessLayer.FIRMWARE_READY):
                 self.readiness.mark_up(layer)
             self.readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
             return
-        runner = OnnxRunner(path, intra_op_threads=cfg.intra_op_threads, contract=contract)
-        self._runners.append(runner)
+        # The simulated GPU runs the model as its kernel, on a thread of this process.
+        kernel = OnnxRunner(path, intra_op_threads=cfg.intra_op_threads, contract=contract)
+        self._runners.append(kernel)
 
         def infer(img: np.ndarray, calib: np.ndarray) -> np.ndarray:
-            return runner.run_blocking(img, calib)
+            return kernel.run_blocking(img, calib)
 
         self._plan = FaultPlan()
         self._device_state = "opening the accelerator"
@@ -798,6 +836,7 @@ class DmsService:
 
             async def serve_frames(accelerator: SimAccelerator) -> None:
                 self._model = accelerator
+                self._model_ready.set()
                 await self._device_failed.wait()
                 raise RuntimeFault(f"the accelerator failed: {self.availability.state.reason}")
 
