@@ -245,3 +245,24 @@ def test_model_cpus_are_checked_against_the_cpus_there_are():
         ServiceConfig(model_cpus=(max(available) + 1,))
     with pytest.raises(ValueError, match="leaves no CPU for the event loop"):
         ServiceConfig(model_cpus=tuple(available))
+
+
+async def test_an_accelerator_that_cannot_be_opened_does_not_hold_the_frames_back(monkeypatch):
+    from aio_runtime import FirmwareTimeout
+    from pipelines.dms import service as service_module
+
+    async def never_opens(*args, **kwargs):
+        raise FirmwareTimeout("SMU mailbox: no answer", awaited="the SMU")
+
+    monkeypatch.setattr(service_module.SimAccelerator, "open", never_opens)
+    config = ServiceConfig(
+        device="sim", health_port=None, calib=(0.0, 0.0, 0.0), frames=10, model_load_timeout=30
+    )
+    with anyio.fail_after(60):
+        async with DmsService(config) as service:
+            started = anyio.current_time()
+            message = await anext(aiter(service.messages()))
+    # not after the 30 s the service would wait for a model that comes up slowly: frames flow
+    # as soon as opening the accelerator failed, and say why there is no output
+    assert anyio.current_time() - started < 5
+    assert not message.valid and message.reason.startswith("model unavailable: ")

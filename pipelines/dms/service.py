@@ -231,7 +231,7 @@ class DmsService:
         self._seq = 0
         self._frame_arrived = anyio.Event()
         self._model_ready = anyio.Event()
-        """Set once a model (or the accelerator) first can run frames."""
+        """Set once a model (or the accelerator) first can run frames, or opening it failed."""
         self._device_failed = anyio.Event()
         self._model: Any = None  # an OnnxRunner or a SimAccelerator, when ready
         self._decoder = Decoder({})
@@ -817,14 +817,18 @@ class DmsService:
             async def open_session() -> AsyncIterator[SimAccelerator]:
                 self._device_failed = anyio.Event()
                 self.readiness = Readiness()
-                with deadline_scope(cfg.device_open_timeout, name="accelerator open"):
-                    accelerator = await SimAccelerator.open(
-                        device,
-                        image_size=MODEL_INPUT_SIZE,
-                        output_size=contract.output_length,
-                        config=session_config,
-                        readiness=self.readiness,
-                    )
+                try:
+                    with deadline_scope(cfg.device_open_timeout, name="accelerator open"):
+                        accelerator = await SimAccelerator.open(
+                            device,
+                            image_size=MODEL_INPUT_SIZE,
+                            output_size=contract.output_length,
+                            config=session_config,
+                            readiness=self.readiness,
+                        )
+                except BaseException:
+                    self._model_ready.set()  # none yet: frames flow, and say so
+                    raise
                 try:
                     yield accelerator
                 finally:
