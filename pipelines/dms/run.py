@@ -166,15 +166,17 @@ def _config(args: argparse.Namespace) -> ServiceConfig:
 
 
 def _model_cpus(spec: str, device: str) -> tuple[int, ...] | None:
-    if spec == "none" or device != "cpu":
-        return None
+    if spec == "none" or device != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return None  # (CPU placement is Linux's)
     if spec == "auto":
         available = sorted(os.sched_getaffinity(0))
         return (available[-1],) if len(available) >= 2 else None
     try:
         return tuple(int(cpu) for cpu in spec.split(","))
     except ValueError:
-        raise ValueError(f"--model-cpus: expected auto, none or CPU numbers, got {spec!r}") from None
+        raise ValueError(
+            f"--model-cpus: expected auto, none or CPU numbers, got {spec!r}"
+        ) from None
 
 
 def format_summary(summary: Summary) -> str:

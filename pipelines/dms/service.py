@@ -151,6 +151,8 @@ class ServiceConfig:
         if self.calib is not None:
             _check_calib(self.calib)
         if self.model_cpus is not None:
+            if not hasattr(os, "sched_getaffinity"):
+                raise ValueError("model_cpus needs CPU placement, which only Linux offers here")
             available = os.sched_getaffinity(0)
             if not self.model_cpus or not set(self.model_cpus) <= available:
                 raise ValueError(
@@ -303,8 +305,9 @@ class DmsService:
         warp_slot: LatestSlot[_Job] = LatestSlot("warp", lambda job: self._drop("warp", job))
         model_slot: LatestSlot[_Job] = LatestSlot("model", lambda job: self._drop("model", job))
         decode_slot: LatestSlot[_Job] = LatestSlot("decode", lambda job: self._drop("decode", job))
-        loop_cpus = os.sched_getaffinity(0)  # this thread's: it runs the event loop
+        loop_cpus: set[int] = set()
         if cfg.model_cpus is not None:
+            loop_cpus = os.sched_getaffinity(0)  # this thread's: it runs the event loop
             self._other_cpus = frozenset(loop_cpus - set(cfg.model_cpus)) or None
             if self._other_cpus is not None:
                 os.sched_setaffinity(0, self._other_cpus)
