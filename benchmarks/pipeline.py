@@ -121,7 +121,6 @@ class StillCamera(SourceBase):
         layout = camera.layout
         self.buffer = np.random.default_rng(0).integers(0, 256, layout.size, dtype=np.uint8)
         self.count = 0
-        self.finished = 0
         self.progress = anyio.Event()
         self.next_sof = clock_ns()
         self.ended: Callable[[], int] = lambda: 0
@@ -130,17 +129,16 @@ class StillCamera(SourceBase):
         """Frame id -> when the service got it (loop clock, seconds)."""
 
     def done(self) -> None:
-        self.finished += 1
+        """A message was published: a frame may have left the pipeline."""
         self.progress.set()
 
     async def _next_frame(self) -> Frame:
         if self.count >= self.frames:
             raise StopAsyncIteration
-        while not self.fps and self.count - self.finished >= 2:
+        while not self.fps and self.count - self.ended() >= 2:
             self.progress = anyio.Event()
             with anyio.move_on_after(0.05):  # a dropped frame publishes nothing: look again
                 await self.progress.wait()
-            self.finished = max(self.finished, self.ended())
         if self.fps:
             sof = self.next_sof
             self.next_sof += round(1e9 / self.fps)

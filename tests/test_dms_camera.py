@@ -665,6 +665,32 @@ def test_time_going_back_is_corrupt(tmp_path):
         RecordingReader(path)
 
 
+async def test_a_replay_reads_every_frame_on_one_thread_of_its_own(tmp_path, ledger, monkeypatch):
+    import threading
+
+    from pipelines.dms.camera_replay import RecordingReader
+
+    path = tmp_path / "cabin.dmsrec"
+    threads: list[threading.Thread] = []
+    read = RecordingReader.read
+
+    def reading(self, index):
+        threads.append(threading.current_thread())
+        return read(self, index)
+
+    monkeypatch.setattr(RecordingReader, "read", reading)
+    with anyio.fail_after(30):
+        with FrameRecorder(path) as recorder:
+            async for frame in SyntheticCamera("os_fisheye", fps=200, frames=6):
+                recorder.write(frame)
+        async with ReplayCamera(path) as replay:
+            replayed = [frame async for frame in replay]
+        await workers_returned(ledger)
+    assert len(replayed) == 6 and len(threads) == 6
+    assert len({t.name for t in threads}) == 1  # not a thread started per frame
+    assert threading.current_thread() not in threads  # and not the event loop's
+
+
 async def test_corrupt_frame_data_is_reported_when_that_frame_is_replayed(tmp_path, ledger):
     path = tmp_path / "x.dmsrec"
     offsets = small_recording(path, step_ns=1_000_000)

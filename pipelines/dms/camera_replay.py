@@ -50,7 +50,7 @@ from typing import Self
 
 import numpy as np
 
-from aio_runtime import CameraTimeout, Layer, run_in_thread
+from aio_runtime import CameraTimeout, Layer, WorkerThread, run_in_thread
 
 from .camera import Frame, FrameError, nv12_layout
 from .camera_sources import SourceBase, clock_ns
@@ -160,22 +160,27 @@ async def record_frames(
     write_timeout: float = 2.0,
 ) -> int:
     """Record frames from ``source`` to ``path`` until it ends or ``frames`` have been written;
-    returns how many were. Each write runs on a worker thread, bounded by ``write_timeout``
+    returns how many were. Each write runs on one worker thread, bounded by ``write_timeout``
     (:class:`~aio_runtime.CameraTimeout`). Does not close ``source``."""
     if frames is not None and frames <= 0:
         return 0
-    with FrameRecorder(path) as recorder:
-        async for frame in source:
-            await run_in_thread(
-                functools.partial(recorder.write, frame),
-                awaited=f"recording frame {frame.frame_id} to {recorder.path}",
-                error=CameraTimeout,
-                layer=Layer.CAMERA,
-                timeout=write_timeout,
-            )
-            if frames is not None and recorder.frames_written >= frames:
-                break
-        return recorder.frames_written
+    worker = WorkerThread("recording")
+    try:
+        with FrameRecorder(path) as recorder:
+            async for frame in source:
+                await run_in_thread(
+                    functools.partial(recorder.write, frame),
+                    awaited=f"recording frame {frame.frame_id} to {recorder.path}",
+                    error=CameraTimeout,
+                    layer=Layer.CAMERA,
+                    timeout=write_timeout,
+                    worker=worker,
+                )
+                if frames is not None and recorder.frames_written >= frames:
+                    break
+            return recorder.frames_written
+    finally:
+        worker.close()
 
 
 class RecordingReader:
@@ -317,8 +322,8 @@ class RecordingReader:
 class ReplayCamera(SourceBase):
     """A recording replayed as a camera, re-timed onto the loop clock (see the module docstring).
 
-    Opening the file (on the first request, or :meth:`open`) and reading each frame run on worker
-    threads bounded by ``read_timeout`` (:class:`~aio_runtime.CameraTimeout`). A missing file
+    Opening the file (on the first request, or :meth:`open`) and reading each frame run on the
+    camera's worker thread, bounded by ``read_timeout`` (:class:`~aio_runtime.CameraTimeout`). A missing file
     raises :class:`FileNotFoundError`, a truncated or corrupt one :class:`ReplayFormatError`.
     """
 
@@ -334,11 +339,9 @@ class ReplayCamera(SourceBase):
         if self._reader is None:
             if self._closed:
                 raise RuntimeError(f"replay of {self.path} is closed")
-            self._reader = await run_in_thread(
+            self._reader = await self._blocking(
                 lambda: RecordingReader(self.path),
                 awaited=f"opening recording {self.path}",
-                error=CameraTimeout,
-                layer=Layer.CAMERA,
                 timeout=self.read_timeout,
             )
         return self._reader
@@ -349,11 +352,9 @@ class ReplayCamera(SourceBase):
         if index >= len(reader):
             await self.aclose()
             raise StopAsyncIteration
-        recorded = await run_in_thread(
+        recorded = await self._blocking(
             lambda: reader.read(index),
             awaited=f"reading frame record {index} of {self.path}",
-            error=CameraTimeout,
-            layer=Layer.CAMERA,
             timeout=self.read_timeout,
         )
         self._next += 1
@@ -366,11 +367,12 @@ class ReplayCamera(SourceBase):
         """Close the file (after any read still running on its worker thread)."""
         self._closed = True
         reader, self._reader = self._reader, None
-        if reader is not None:
-            await run_in_thread(
-                reader.close,
-                awaited=f"closing recording {self.path}",
-                error=CameraTimeout,
-                layer=Layer.CAMERA,
-                timeout=self.read_timeout,
-            )
+        try:
+            if reader is not None:
+                await self._blocking(
+                    reader.close,
+                    awaited=f"closing recording {self.path}",
+                    timeout=self.read_timeout,
+                )
+        finally:
+            self._end_worker()

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, Self, TypeVar, runtime_checkable
 
 import anyio
 import numpy as np
 import numpy.typing as npt
 
-from aio_runtime import now
+from aio_runtime import CameraTimeout, Layer, WorkerThread, now, run_in_thread
 
 from .camera import (
     AR_OX_FISHEYE,
@@ -92,36 +92,16 @@ class FrameSource(Protocol):
     async def aclose(self) -> None: ...
 
 
-class SourceBase:
-    """The shared shell of a source: iteration, delivery at end of frame, closing.
+T = TypeVar("T")
 
-    A subclass makes its next frame in :meth:`_next_frame` (raising ``StopAsyncIteration`` at the
-    end); the frame is delivered at its ``timestamp_eof`` on the loop clock. A consumer cancelled
-    while it waits (a ``move_on_after`` around ``anext``) loses nothing: the same frame is
-    delivered by the next request.
-    """
+
+class _Stream:
+    """An async iterator of its own that can be closed, also with ``async with``."""
 
     _closed: bool = False
-    _pending: Frame | None = None
-    delivered: int = 0
-    """Frames handed out so far."""
 
     def __aiter__(self) -> Self:
         return self
-
-    async def __anext__(self) -> Frame:
-        if self._closed:
-            raise StopAsyncIteration
-        frame = self._pending
-        if frame is None:
-            frame = self._pending = await self._next_frame()
-        await wait_until_ns(frame.timestamp_eof)
-        self._pending = None
-        self.delivered += 1
-        return frame
-
-    async def _next_frame(self) -> Frame:
-        raise NotImplementedError
 
     async def aclose(self) -> None:
         self._closed = True
@@ -140,6 +120,56 @@ class SourceBase:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class SourceBase(_Stream):
+    """The shared shell of a source: iteration, delivery at end of frame, closing.
+
+    A subclass makes its next frame in :meth:`_next_frame` (raising ``StopAsyncIteration`` at the
+    end); the frame is delivered at its ``timestamp_eof`` on the loop clock. A consumer cancelled
+    while it waits (a ``move_on_after`` around ``anext``) loses nothing: the same frame is
+    delivered by the next request. A source reading a file does its blocking calls with
+    :meth:`_blocking`, on one worker thread of its own (not a thread started per frame).
+    """
+
+    _pending: Frame | None = None
+    _worker: WorkerThread | None = None
+    delivered: int = 0
+    """Frames handed out so far."""
+
+    async def __anext__(self) -> Frame:
+        if self._closed:
+            raise StopAsyncIteration
+        frame = self._pending
+        if frame is None:
+            frame = self._pending = await self._next_frame()
+        await wait_until_ns(frame.timestamp_eof)
+        self._pending = None
+        self.delivered += 1
+        return frame
+
+    async def _next_frame(self) -> Frame:
+        raise NotImplementedError
+
+    async def _blocking(self, call: Callable[[], T], *, awaited: str, timeout: float) -> T:
+        """``call()`` on the source's worker thread, bounded by ``timeout``
+        (:class:`~aio_runtime.CameraTimeout`)."""
+        if self._worker is None:
+            self._worker = WorkerThread(f"camera {type(self).__name__}")
+        return await run_in_thread(
+            call,
+            awaited=awaited,
+            error=CameraTimeout,
+            layer=Layer.CAMERA,
+            timeout=timeout,
+            worker=self._worker,
+        )
+
+    def _end_worker(self) -> None:
+        """Let the worker thread end (once the calls handed to it have run)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
 
 
 def clock_ns() -> int:
@@ -330,7 +360,7 @@ class CalibrationSample:
         return all(math.isfinite(v) for v in self.rpy)
 
 
-class SyntheticCalibration:
+class SyntheticCalibration(_Stream):
     """A ``liveCalibration`` stream: one :class:`CalibrationSample` per period (default 4 Hz).
 
     Sample ``k`` is due ``k`` periods after the first is requested. ``rpy`` is the value published;
@@ -360,14 +390,10 @@ class SyntheticCalibration:
         self.overrides.update({k: nan for k in nan_at})
         self._origin_ns: int | None = None
         self._next = 0
-        self._closed = False
 
     def _published(self, seq: int) -> bool:
         silent = self.silent_after is not None and seq >= self.silent_after
         return not silent and seq not in self.missing
-
-    def __aiter__(self) -> Self:
-        return self
 
     async def __anext__(self) -> CalibrationSample:
         if self._origin_ns is None:
@@ -380,20 +406,6 @@ class SyntheticCalibration:
             if self._published(seq):
                 return CalibrationSample(seq, self.overrides.get(seq, self.rpy), due)
         raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        self._closed = True
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def _rpy(value: Rpy) -> Rpy:

@@ -2,8 +2,8 @@
 
 OpenCV decodes (``cv2.VideoCapture``) to BGR; :func:`bgr_to_nv12` converts with OpenCV's BT.601
 limited-range I420 conversion and interleaves the chroma into NV12 rows, padded to the stride.
-Opening and decoding block, so they run on worker threads (:func:`aio_runtime.run_in_thread`),
-each under its own bound, and the event loop stays free. Frames are paced like a camera's (see
+Opening and decoding block, so they run on the camera's worker thread (one for its life, not one
+per frame), each under its own bound, and the event loop stays free. Frames are paced like a camera's (see
 :mod:`pipelines.dms.camera_sources`).
 """
 
@@ -17,8 +17,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import numpy.typing as npt
-
-from aio_runtime import CameraTimeout, Layer, run_in_thread
 
 from .camera import (
     CameraConfig,
@@ -119,11 +117,9 @@ class VideoFileCamera(SourceBase):
             raise RuntimeError(f"video camera for {self.path} is closed")
         if not self.path.is_file():
             raise FileNotFoundError(f"video file {self.path} does not exist (or is not a file)")
-        capture, rate = await run_in_thread(
+        capture, rate = await self._blocking(
             self._open_blocking,
             awaited=f"opening video file {self.path}",
-            error=CameraTimeout,
-            layer=Layer.CAMERA,
             timeout=self.decode_timeout,
         )
         self._capture = capture
@@ -176,11 +172,9 @@ class VideoFileCamera(SourceBase):
     async def _next_frame(self) -> Frame:
         await self.open()
         frame_id = self._next_id
-        decoded = await run_in_thread(
+        decoded = await self._blocking(
             lambda: self._read_blocking(frame_id),
             awaited=f"decoding frame {frame_id} of {self.path}",
-            error=CameraTimeout,
-            layer=Layer.CAMERA,
             timeout=self.decode_timeout,
         )
         if decoded is None or self._closed:
@@ -210,15 +204,15 @@ class VideoFileCamera(SourceBase):
     async def aclose(self) -> None:
         """Release the decoder (after any decode still running on its worker thread)."""
         self._closed = True
-        if self._capture is None:
-            return
-        await run_in_thread(
-            self._release_blocking,
-            awaited=f"releasing video file {self.path}",
-            error=CameraTimeout,
-            layer=Layer.CAMERA,
-            timeout=self.decode_timeout,
-        )
+        try:
+            if self._capture is not None:
+                await self._blocking(
+                    self._release_blocking,
+                    awaited=f"releasing video file {self.path}",
+                    timeout=self.decode_timeout,
+                )
+        finally:
+            self._end_worker()
 
     def _release_blocking(self) -> None:
         with self._lock:
