@@ -41,7 +41,9 @@ from .health import (
     AvailabilityState,
     Readiness,
     ReadinessLayer,
+    Reason,
     Transition,
+    reason_kind,
 )
 from .log import configure_logging, get_logger, log_context
 from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
@@ -92,6 +94,7 @@ __all__ = [
     "RangeAllocator",
     "Readiness",
     "ReadinessLayer",
+    "Reason",
     "RegisterFile",
     "RollbackFailed",
     "RuntimeFault",
@@ -123,6 +126,7 @@ __all__ = [
     "map_exceptions",
     "now",
     "pause",
+    "reason_kind",
     "run_in_thread",
     "use_ledger",
     "validate_timeout",

@@ -11,15 +11,22 @@ Availability is what consumers see:
 * ``UNAVAILABLE(reason)`` — no trustworthy result can be produced.
 
 A fault changes the state at once. Returning to ``AVAILABLE`` needs ``recover_after`` good results
-in a row (hysteresis), so a flapping device does not flap the consumer. Every change — including a
-change of reason — is a :class:`Transition`, delivered to every subscriber in order.
+in a row (hysteresis), so a flapping device does not flap the consumer. Two more options belong to
+the same family: ``escalate_after`` failures in a row without a result make isolated failures
+(DEGRADED) an outage (UNAVAILABLE), and ``per_kind`` keeps one wording per kind of reason while a
+state lasts, so a cause that lasts is one transition, not one per result. Every change — including
+a change of reason — is a :class:`Transition`, delivered to every subscriber in order.
+
+A :class:`Reason` says why: a kind (what it is about, such as a layer: ``gpu-queue``, ``camera``)
+and a detail. It is a string too (``"<kind>: <detail>"``), so it reads, logs and serialises as
+text.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -37,7 +44,9 @@ __all__ = [
     "AvailabilityState",
     "Readiness",
     "ReadinessLayer",
+    "Reason",
     "Transition",
+    "reason_kind",
 ]
 
 
@@ -101,16 +110,57 @@ class Readiness:
         return MappingProxyType({layer.label: s.up for layer, s in self._layers.items()})
 
 
-class Availability(enum.Enum):
+class Availability(enum.StrEnum):
+    """What consumers see; each member is also its text (``Availability.DEGRADED == "degraded"``)."""
+
     AVAILABLE = "available"
     DEGRADED = "degraded"
     UNAVAILABLE = "unavailable"
 
 
+class Reason(str):
+    """Why a state holds: its ``kind`` (what it is about: a layer such as ``gpu-queue``, or
+    ``camera``, ``frame budget``...) and a ``detail``.
+
+    A reason is a string as well: ``"<kind>: <detail>"``, or the kind alone when there is no
+    detail. Code that makes a reason gives both parts; nothing needs to split text to learn a
+    reason's kind.
+    """
+
+    kind: str
+    detail: str
+
+    def __new__(cls, kind: str, detail: str = "") -> Reason:
+        if not kind:
+            raise ValueError("a reason needs a kind")
+        self = super().__new__(cls, f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+        self.detail = detail
+        return self
+
+    @classmethod
+    def of(cls, reason: str) -> Reason:
+        """``reason`` as a :class:`Reason`: a reason as it is; text, as a reason writes itself
+        (``"<kind>: <detail>"``; text without ``": "`` is a kind alone) — for reasons that arrive
+        as text, from a message or from a caller."""
+        if isinstance(reason, Reason):
+            return reason
+        kind, _, detail = reason.partition(": ")
+        return cls(kind, detail)
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]
+        return self.kind, self.detail
+
+
+def reason_kind(reason: str) -> str:
+    """What a reason is about: its kind (for a reason read as text, from its ``"<kind>: "``)."""
+    return Reason.of(reason).kind
+
+
 @dataclass(frozen=True)
 class AvailabilityState:
     availability: Availability
-    reason: str | None
+    reason: Reason | None
     since: float
     """Loop time at which this state was entered."""
 
@@ -129,39 +179,68 @@ class Transition:
     seq: int
 
 
+Escalate = Callable[[int, Reason], Reason]
+"""``escalated(failures, reason)``: the reason for the ``failures``-th failure in a row."""
+
+
+def _escalated(failures: int, reason: Reason) -> Reason:
+    return Reason("no result", f"{failures} in a row; {reason}")
+
+
 class AvailabilityMachine:
     """AVAILABLE / DEGRADED / UNAVAILABLE with reasons and hysteresis.
 
     Starts UNAVAILABLE (``initial_reason``). Report every result with :meth:`report_good`,
-    :meth:`report_degraded` or :meth:`report_unavailable`. Bad news applies at once. Every
-    improvement needs ``recover_after`` results in a row that are at least that good: AVAILABLE
-    after that many good results, DEGRADED (from UNAVAILABLE) after that many results that were
-    produced at all (good or degraded). A device that alternates between failing and producing
-    therefore stays UNAVAILABLE instead of flapping.
+    :meth:`report_degraded` (produced, not fully trustworthy), :meth:`report_failed` (an isolated
+    failure: nothing produced this time) or :meth:`report_unavailable`. Bad news applies at once.
+    Every improvement needs ``recover_after`` results in a row that are at least that good:
+    AVAILABLE after that many good results, DEGRADED (from UNAVAILABLE) after that many results
+    that were produced at all (good, degraded or an isolated failure). A device that alternates
+    between failing and producing therefore stays UNAVAILABLE instead of flapping.
+
+    ``escalate_after``: that many reports in a row without a result (failed or unavailable) and an
+    isolated failure is an outage: UNAVAILABLE, for the reason ``escalated(failures, reason)``
+    makes. None: failures stay isolated (DEGRADED) however many come.
+
+    ``per_kind``: while the state holds for a reason of some kind, a report of the same state
+    for a reason of the same kind keeps the first wording: a cause that lasts is one transition,
+    not one per result (a report may ask otherwise: ``per_kind=False``).
 
     Each subscriber may fall ``max_backlog`` transitions behind; one that falls further is
     disconnected (its stream ends) rather than letting memory grow without bound.
 
-    Reports are synchronous and may come from any task on the loop thread.
+    Reports are synchronous and may come from any task on the loop thread. Reasons may be given
+    as :class:`Reason` or as text (read as :meth:`Reason.of` reads it).
     """
 
     def __init__(
         self,
         *,
         recover_after: int = 3,
+        escalate_after: int | None = None,
+        escalated: Escalate = _escalated,
+        per_kind: bool = False,
         initial_reason: str = "starting",
         max_backlog: int = 256,
     ) -> None:
         if recover_after < 1:
             raise ValueError(f"recover_after must be >= 1, got {recover_after}")
+        if escalate_after is not None and escalate_after < 1:
+            raise ValueError(f"escalate_after must be >= 1 or None, got {escalate_after}")
         if max_backlog < 1:
             raise ValueError(f"max_backlog must be >= 1, got {max_backlog}")
         self.recover_after = recover_after
+        self.escalate_after = escalate_after
+        self.per_kind = per_kind
         self.max_backlog = max_backlog
-        self._state = AvailabilityState(Availability.UNAVAILABLE, initial_reason, _safe_now())
+        self._escalated = escalated
+        self._state = AvailabilityState(
+            Availability.UNAVAILABLE, Reason.of(initial_reason), _safe_now()
+        )
         self._good_streak = 0
         self._producing_streak = 0
-        self._degraded_reason: str | None = None
+        self._failed_streak = 0
+        self._degraded_reason: Reason | None = None
         self._seq = 0
         self._subscribers: list[MemoryObjectSendStream[Transition]] = []
 
@@ -173,9 +252,15 @@ class AvailabilityMachine:
     def good_streak(self) -> int:
         return self._good_streak
 
+    @property
+    def failed_streak(self) -> int:
+        """Reports in a row without a result (failed or unavailable)."""
+        return self._failed_streak
+
     def report_good(self) -> None:
         self._good_streak += 1
         self._producing_streak += 1
+        self._failed_streak = 0
         if self._state.availability is Availability.AVAILABLE:
             return
         if self._good_streak >= self.recover_after:
@@ -183,9 +268,33 @@ class AvailabilityMachine:
         elif self._producing_streak >= self.recover_after and self._degraded_reason is not None:
             self._enter(Availability.DEGRADED, self._degraded_reason)
 
-    def report_degraded(self, reason: str) -> None:
+    def report_degraded(self, reason: str, *, per_kind: bool | None = None) -> None:
+        """A result was produced, but it is not fully trustworthy."""
+        self._failed_streak = 0
+        self._degrade(Reason.of(reason), per_kind)
+
+    def report_failed(self, reason: str, *, per_kind: bool | None = None) -> Reason:
+        """Nothing was produced this time: an isolated failure (DEGRADED), unless it is the
+        ``escalate_after``-th report in a row without a result (then UNAVAILABLE). Returns the
+        reason this failure was reported for (the escalated one, when it escalated)."""
+        self._failed_streak += 1
+        failed = Reason.of(reason)
+        if self.escalate_after is not None and self._failed_streak >= self.escalate_after:
+            failed = self._escalated(self._failed_streak, failed)
+            self._unavailable(failed, per_kind)
+        else:
+            self._degrade(failed, per_kind)
+        return failed
+
+    def report_unavailable(self, reason: str, *, per_kind: bool | None = None) -> None:
+        """Nothing trustworthy can be produced."""
+        self._failed_streak += 1
+        self._unavailable(Reason.of(reason), per_kind)
+
+    def _degrade(self, reason: Reason, per_kind: bool | None) -> None:
         self._good_streak = 0
         self._producing_streak += 1
+        reason = self._wording(Availability.DEGRADED, reason, per_kind)
         self._degraded_reason = reason
         if (
             self._state.availability is not Availability.UNAVAILABLE
@@ -193,13 +302,27 @@ class AvailabilityMachine:
         ):
             self._enter(Availability.DEGRADED, reason)
 
-    def report_unavailable(self, reason: str) -> None:
+    def _unavailable(self, reason: Reason, per_kind: bool | None) -> None:
         self._good_streak = 0
         self._producing_streak = 0
         self._degraded_reason = None
+        reason = self._wording(Availability.UNAVAILABLE, reason, per_kind)
         self._enter(Availability.UNAVAILABLE, reason)
 
-    def _enter(self, availability: Availability, reason: str | None) -> None:
+    def _wording(self, availability: Availability, reason: Reason, per_kind: bool | None) -> Reason:
+        """The current wording, for a reason of the current kind while the state holds (when
+        reasons are kept per kind), else ``reason``."""
+        current = self._state
+        if (
+            (self.per_kind if per_kind is None else per_kind)
+            and current.availability is availability
+            and current.reason is not None
+            and current.reason.kind == reason.kind
+        ):
+            return current.reason
+        return reason
+
+    def _enter(self, availability: Availability, reason: Reason | None) -> None:
         previous = self._state
         if previous.availability is availability and previous.reason == reason:
             return

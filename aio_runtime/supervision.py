@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 import anyio
 
 from .clock import now, validate_timeout
-from .health import AvailabilityMachine
+from .health import AvailabilityMachine, Reason
 from .log import get_logger
 from .waits import pause
 
@@ -132,9 +132,11 @@ class Supervisor(Generic[S]):
             next_delay=self._next_delay,
         )
 
-    def _report(self, reason: str) -> None:
+    def _report(self, detail: str) -> None:
+        # Each report is news of its own (an attempt, a failure), never one more of a lasting
+        # cause: a machine that keeps one wording per kind keeps it for the reports of others.
         if self.availability is not None:
-            self.availability.report_unavailable(reason)
+            self.availability.report_unavailable(Reason(self.name, detail), per_kind=False)
 
     async def run(self) -> None:
         """Supervise until cancelled, or until a session's ``run`` returns normally."""
@@ -143,7 +145,7 @@ class Supervisor(Generic[S]):
             self._next_delay = None
             attempt = self._attempts
             last = f"; last error: {self._last_error}" if self._last_error else ""
-            self._report(f"{self.name}: opening session (attempt {attempt}{last})")
+            self._report(f"opening session (attempt {attempt}{last})")
             _log.info("session opening", session=self.name, attempt=attempt)
             opened_at: float | None = None
             try:
@@ -196,12 +198,12 @@ class Supervisor(Generic[S]):
         self._consecutive += 1
         self._last_error = error
         if isinstance(exc, self.fatal):
-            self._report(f"{self.name}: {error} (attempt {attempt} failed; not retried)")
+            self._report(f"{error} (attempt {attempt} failed; not retried)")
             _log.error("session failed fatally", session=self.name, attempt=attempt, exc_info=exc)
             raise exc
         delay = self.backoff.delay(self._consecutive, self._rng)
         self._next_delay = delay
-        self._report(f"{self.name}: {error} (attempt {attempt} failed; retrying in {delay:.3g} s)")
+        self._report(f"{error} (attempt {attempt} failed; retrying in {delay:.3g} s)")
         _log.warning(
             "session failed",
             session=self.name,

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import pickle
+
 import anyio
 import pytest
 
-from aio_runtime import Availability, AvailabilityMachine, Readiness, ReadinessLayer
+from aio_runtime import (
+    Availability,
+    AvailabilityMachine,
+    Readiness,
+    ReadinessLayer,
+    Reason,
+    reason_kind,
+)
 from aio_runtime.testing import TransitionRecorder
 
 A, D, U = Availability.AVAILABLE, Availability.DEGRADED, Availability.UNAVAILABLE
@@ -177,3 +186,86 @@ def test_a_subscriber_that_falls_too_far_behind_is_disconnected_not_buffered_for
     assert len(received) == 5  # its first state and 4 transitions, in order; then its stream ended
     assert received[0].previous is None
     assert [t.seq for t in received] == sorted(t.seq for t in received)
+
+
+def test_a_reason_is_its_kind_and_detail_and_reads_as_text():
+    reason = Reason("gpu-queue", "compute timeline >= 5: timed out after 0.1 s")
+    assert reason == "gpu-queue: compute timeline >= 5: timed out after 0.1 s"
+    assert (reason.kind, reason.detail) == (
+        "gpu-queue",
+        "compute timeline >= 5: timed out after 0.1 s",
+    )
+    assert Reason("starting") == "starting" and Reason("starting").detail == ""
+    assert Reason.of(reason) is reason
+    parsed = Reason.of("camera: no frame for 0.25 s")  # text, as a consumer reads it
+    assert (parsed.kind, parsed.detail) == ("camera", "no frame for 0.25 s")
+    assert reason_kind("invalid output: NaN in face_descs_lhd") == "invalid output"
+    assert reason_kind("calibration missing or stale") == "calibration missing or stale"
+    copy = pickle.loads(pickle.dumps(reason))
+    assert (copy, copy.kind, copy.detail) == (reason, reason.kind, reason.detail)
+    with pytest.raises(ValueError, match="needs a kind"):
+        Reason("")
+
+
+def test_availability_is_its_text():
+    assert Availability.DEGRADED == "degraded" and f"{Availability.UNAVAILABLE}" == "unavailable"
+
+
+def test_failures_in_a_row_without_a_result_escalate_to_unavailable():
+    machine = AvailabilityMachine(recover_after=1, escalate_after=3)
+    machine.report_good()
+    assert machine.report_failed("invalid output: NaN") == "invalid output: NaN"
+    assert machine.report_failed("invalid output: NaN") == "invalid output: NaN"
+    assert machine.state.availability is D and machine.failed_streak == 2
+    escalated = machine.report_failed(Reason("invalid output", "NaN"))
+    assert machine.state.availability is U
+    assert escalated == "no result: 3 in a row; invalid output: NaN"
+    assert machine.state.reason == escalated and escalated.kind == "no result"
+    machine.report_good()  # a result ends the streak
+    assert machine.state.availability is A and machine.failed_streak == 0
+    machine.report_failed("late")
+    assert machine.state.availability is D
+
+
+def test_a_produced_result_ends_the_streak_of_failures_and_unavailable_reports_count_in_it():
+    machine = AvailabilityMachine(recover_after=1, escalate_after=2)
+    machine.report_failed("late")
+    machine.report_degraded("calibration stale")  # produced: the streak starts again
+    machine.report_failed("late")
+    assert machine.state.availability is D
+    machine.report_unavailable("camera: stalled")
+    machine.report_good()
+    machine.report_unavailable("camera: stalled")
+    assert machine.report_failed("late") == "no result: 2 in a row; late"
+
+
+def test_escalated_reasons_can_be_worded_by_the_owner():
+    machine = AvailabilityMachine(
+        escalate_after=1,
+        escalated=lambda n, r: Reason("no valid output", f"{n} frames in a row; {r}"),
+    )
+    assert machine.report_failed("late") == "no valid output: 1 frames in a row; late"
+    with pytest.raises(ValueError, match="escalate_after"):
+        AvailabilityMachine(escalate_after=0)
+
+
+def test_per_kind_keeps_one_wording_while_a_cause_of_that_kind_lasts():
+    machine = AvailabilityMachine(recover_after=1, per_kind=True)
+    with TransitionRecorder(machine) as recorder:
+        machine.report_good()
+        for elapsed in (0.1, 0.2, 0.3):
+            machine.report_unavailable(Reason("gpu-queue", f"timed out after {elapsed} s"))
+        machine.report_unavailable(Reason("camera", "stalled"))  # another kind: a transition
+        machine.report_unavailable(Reason("camera", "stalled again"), per_kind=False)
+        machine.report_good()
+        machine.report_degraded(Reason("frame budget", "10 ms late"))
+        machine.report_failed(Reason("frame budget", "12 ms late"))
+    assert [str(s) for s in recorder.states()] == [
+        "unavailable(starting)",
+        "available",
+        "unavailable(gpu-queue: timed out after 0.1 s)",
+        "unavailable(camera: stalled)",
+        "unavailable(camera: stalled again)",
+        "available",
+        "degraded(frame budget: 10 ms late)",
+    ]
