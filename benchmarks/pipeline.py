@@ -44,10 +44,11 @@ import onnxruntime as ort
 from aio_runtime import now
 from pipelines.dms.camera import AR_OX_FISHEYE, OS_FISHEYE, CameraConfig, Frame
 from pipelines.dms.camera_sources import SourceBase, clock_ns
+from pipelines.dms.config import ServiceConfig
 from pipelines.dms.decode import Decoder
 from pipelines.dms.model import load_contract
 from pipelines.dms.reference_model import reference_model_path
-from pipelines.dms.service import DmsService, ServiceConfig
+from pipelines.dms.service import DmsService
 from pipelines.dms.warp import Warper
 
 THREADS = 1

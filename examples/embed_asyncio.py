@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
-from pipelines.dms.service import DmsService, ServiceConfig
+from pipelines.dms.config import ServiceConfig
+from pipelines.dms.service import DmsService
 
 
 async def main() -> None:

@@ -9,9 +9,11 @@ import pytest
 
 from aio_runtime import Layer, SignalTimeout
 from aio_runtime.testing import virtual_time
-from pipelines.dms.accelerator import SimAccelerator, simulated_device
+from pipelines.dms.accelerator import AcceleratorRunner
+from pipelines.dms.accelerator_sim import simulated_device
 from transports.copy import CHUNK
 from transports.sim import Fault, FaultRule
+from transports.usb import SimUsbTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -32,7 +34,9 @@ async def test_a_run_copies_in_runs_on_the_device_and_copies_out():
     img = rng.integers(0, 256, size=(1, IMAGE), dtype=np.uint8)
     calib = np.array([[0.1, -0.2, 0.3]], dtype=np.float32)
     async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
-        accelerator = await SimAccelerator.open(device, image_size=IMAGE, output_size=OUTPUT)
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
         try:
             stats = accelerator.session.copy.stats
             before = (stats.bytes_in, stats.chunks_in, stats.bytes_out, stats.chunks_out)
@@ -50,7 +54,9 @@ async def test_a_hung_device_is_a_gpu_queue_timeout_within_its_bound():
     img = np.zeros((1, IMAGE), dtype=np.uint8)
     calib = np.zeros((1, 3), dtype=np.float32)
     async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
-        accelerator = await SimAccelerator.open(device, image_size=IMAGE, output_size=OUTPUT)
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
         try:
             device.plan.add(FaultRule(Fault.KERNEL_HANG, at=1))
             async with virtual_time():  # the model never runs here: no thread to outpace

@@ -45,12 +45,8 @@ from pipelines.dms.camera_replay import (
     ReplayFormatError,
     record_frames,
 )
-from pipelines.dms.camera_sources import (
-    FrameSource,
-    SyntheticCalibration,
-    SyntheticCamera,
-    clock_ns,
-)
+from pipelines.dms.camera_sources import FrameSource, clock_ns
+from pipelines.dms.camera_synthetic import SyntheticCalibration, SyntheticCamera
 from pipelines.dms.camera_video import VideoDecodeError, VideoFileCamera, bgr_to_nv12
 
 pytestmark = pytest.mark.anyio

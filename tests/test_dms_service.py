@@ -11,9 +11,10 @@ import re
 import anyio
 import pytest
 
-from pipelines.dms.camera_sources import SyntheticCamera
+from pipelines.dms.camera_synthetic import SyntheticCamera
 from pipelines.dms.channels import reason_kind
-from pipelines.dms.service import DmsService, ServiceConfig
+from pipelines.dms.config import ServiceConfig
+from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -198,7 +199,7 @@ async def test_frames_in_flight_when_the_service_is_stopped_are_counted_as_dropp
 
 
 async def test_a_non_finite_calibration_sample_is_rejected_and_named():
-    from pipelines.dms.camera_sources import SyntheticCalibration
+    from pipelines.dms.camera_synthetic import SyntheticCalibration
 
     config = ServiceConfig(device="cpu", health_port=None, frames=40, calib_stale_after=0.2)
     calibration = SyntheticCalibration(rate=20.0, nan_at=range(3, 1000))  # NaN from sample 3 on
@@ -242,19 +243,19 @@ async def test_the_model_can_have_cpus_of_its_own_and_the_loop_gets_its_cpus_bac
 def test_model_cpus_are_checked_against_the_cpus_there_are():
     available = sorted(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match="model_cpus must be some of the CPUs"):
-        ServiceConfig(model_cpus=(max(available) + 1,))
+        ServiceConfig(model_cpus=(max(available) + 1,)).check_environment()
     with pytest.raises(ValueError, match="leaves no CPU for the event loop"):
-        ServiceConfig(model_cpus=tuple(available))
+        ServiceConfig(model_cpus=tuple(available)).check_environment()
 
 
 async def test_an_accelerator_that_cannot_be_opened_does_not_hold_the_frames_back(monkeypatch):
     from aio_runtime import FirmwareTimeout
-    from pipelines.dms import service as service_module
+    from pipelines.dms.accelerator import AcceleratorRunner
 
     async def never_opens(*args, **kwargs):
         raise FirmwareTimeout("SMU mailbox: no answer", awaited="the SMU")
 
-    monkeypatch.setattr(service_module.SimAccelerator, "open", never_opens)
+    monkeypatch.setattr(AcceleratorRunner, "open", never_opens)
     config = ServiceConfig(
         device="sim", health_port=None, calib=(0.0, 0.0, 0.0), frames=10, model_load_timeout=30
     )

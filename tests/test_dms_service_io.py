@@ -19,8 +19,10 @@ from test_dms_service import run
 
 from pipelines.dms.camera import Frame
 from pipelines.dms.camera_replay import FrameRecorder
-from pipelines.dms.camera_sources import SyntheticCamera, clock_ns
-from pipelines.dms.service import DmsService, ServiceConfig
+from pipelines.dms.camera_sources import clock_ns
+from pipelines.dms.camera_synthetic import SyntheticCamera
+from pipelines.dms.config import ServiceConfig
+from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -280,7 +282,7 @@ async def test_a_camera_that_cannot_be_opened_is_reported_unavailable(tmp_path, 
 
 def test_a_camera_path_that_does_not_exist_is_refused_with_what_was_expected(tmp_path):
     with pytest.raises(ValueError, match="no such file \\(expected 'synthetic', a video file"):
-        ServiceConfig(camera=str(tmp_path / "nothing"))
+        ServiceConfig(camera=str(tmp_path / "nothing")).check_environment()
 
 
 async def test_a_video_of_no_cabin_cameras_size_is_published_invalid_with_the_reason(tmp_path):

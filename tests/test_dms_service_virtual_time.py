@@ -34,8 +34,9 @@ from aio_runtime import (
     wait_until,
 )
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.camera_sources import SyntheticCamera
-from pipelines.dms.service import DmsService, ServiceConfig
+from pipelines.dms.camera_synthetic import SyntheticCamera
+from pipelines.dms.config import ServiceConfig
+from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

@@ -1,39 +1,30 @@
-"""The model on the simulated accelerator: a GPU behind a USB-PCIe bridge, through ``transports``.
+"""The model on an accelerator: a GPU behind a USB-PCIe bridge, reached through ``transports``
+over any USB transport (libusb, pyusb, the simulator's).
 
 Per frame: copy the inputs in (the warped image and the calibration, through the copy protocol),
-run the model as a device kernel, await the compute timeline within the frame's deadline, copy the
-output out — each phase timed on its own (:class:`PhaseTimes`). Buffers are allocated once per
-session; the output is copied out into a fresh array, so nothing the caller keeps is reused by the
-next frame.
-
-The simulated GPU runs the model as a registered kernel: it reads its inputs from VRAM, runs
-``infer`` (onnxruntime) in a worker thread — off the event loop, as a real device would run off the
-host's CPU — and writes the output back to VRAM. So inputs and outputs really cross the bridge
-(``session.copy.stats`` counts the bytes and chunks).
+run the model as a device kernel (:data:`MODEL_KERNEL`), await the compute timeline within the
+frame's deadline, copy the output out — each phase timed on its own (:class:`PhaseTimes`). Buffers
+are allocated once per session; the output is copied out into a fresh array, so nothing the caller
+keeps is reused by the next frame. The simulated GPU that can run the model is in
+:mod:`pipelines.dms.accelerator_sim`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
-import anyio.to_thread
 import numpy as np
 
 from aio_runtime import Readiness, now
 from transports.gpu import Buffer, GpuSession, SessionConfig
-from transports.sim import FaultPlan
-from transports.sim.gpu import SimDevice, SimGpu
-from transports.usb import SimUsbTransport
+from transports.usb import UsbTransport
 
-__all__ = ["MODEL_KERNEL", "PhaseTimes", "SimAccelerator", "simulated_device"]
+__all__ = ["MODEL_KERNEL", "AcceleratorRunner", "PhaseTimes"]
 
 MODEL_KERNEL = 0x100
-Infer = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""``infer(img (1, N) uint8, calib (1, 3) float32) -> output (1, M) float32`` (blocking)."""
+"""The kernel that runs the model: ``(image, calib, output)`` buffer addresses."""
 
 
 @dataclass(frozen=True)
@@ -50,32 +41,8 @@ class PhaseTimes:
         return self.copy_in + self.submit + self.device + self.copy_out
 
 
-def _model_kernel(infer: Infer, image_size: int, output_size: int) -> Callable[..., object]:
-    async def kernel(gpu: SimGpu, image: int, calib: int, output: int) -> None:
-        img = gpu.view(image, image_size).copy().reshape(1, image_size)
-        cal = gpu.view(calib, 12).copy().view(np.float32).reshape(1, 3)
-        result = await anyio.to_thread.run_sync(infer, img, cal)
-        flat = np.ascontiguousarray(result, dtype=np.float32).reshape(-1)
-        if flat.size != output_size:
-            raise ValueError(f"the model produced {flat.size} values, expected {output_size}")
-        gpu.view(output, output_size * 4)[:] = flat.view(np.uint8)
-
-    return kernel
-
-
-@contextlib.asynccontextmanager
-async def simulated_device(
-    infer: Infer, *, image_size: int, output_size: int, plan: FaultPlan | None = None
-) -> AsyncIterator[SimDevice]:
-    """A simulated bridge + GPU on this loop whose GPU can run the model (kernel
-    :data:`MODEL_KERNEL`)."""
-    async with SimDevice(plan=plan) as device:
-        device.gpu.register_kernel(MODEL_KERNEL, _model_kernel(infer, image_size, output_size))
-        yield device
-
-
-class SimAccelerator:
-    """One open session on the simulated accelerator, ready to run the model."""
+class AcceleratorRunner:
+    """One open accelerator session, ready to run the model."""
 
     def __init__(self, session: GpuSession, *, image_size: int, output_size: int) -> None:
         self.session = session
@@ -90,16 +57,21 @@ class SimAccelerator:
     @classmethod
     async def open(
         cls,
-        device: SimDevice,
+        usb: UsbTransport,
         *,
         image_size: int,
         output_size: int,
         config: SessionConfig | None = None,
         readiness: Readiness | None = None,
-    ) -> SimAccelerator:
-        session = await GpuSession.open(
-            SimUsbTransport(device.bridge), config=config, readiness=readiness
-        )
+    ) -> AcceleratorRunner:
+        """Open a session over ``usb`` (booting the GPU) and allocate the model's buffers; the
+        session owns ``usb`` from here (closing it with the session)."""
+        try:
+            session = await GpuSession.open(usb, config=config, readiness=readiness)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await usb.aclose()
+            raise
         accelerator = cls(session, image_size=image_size, output_size=output_size)
         try:
             accelerator._buffers = (

@@ -20,7 +20,7 @@ What a frame is, as openpilot's camerad delivers it (spec/dms-contract.md §1.3,
 A :class:`Frame` checks its buffer against its declared geometry when it is built: a buffer of the
 wrong size, dtype or shape, a stride that is not the layout's, or odd dimensions raise
 :class:`FrameGeometryError`, whose message says what was expected. Sources (synthetic, video
-file, recorded replay) live in :mod:`pipelines.dms.camera_sources`,
+file, recorded replay) live in :mod:`pipelines.dms.camera_synthetic`,
 :mod:`pipelines.dms.camera_video` and :mod:`pipelines.dms.camera_replay`; they all satisfy
 :class:`pipelines.dms.camera_sources.FrameSource`.
 """

@@ -29,23 +29,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from aio_runtime import Availability
+
 __all__ = ["HealthState", "Metrics", "create_app", "serve"]
 
-STAGES = ("camera", "warp", "model", "decode", "publish")
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
 class HealthState:
-    """What the endpoints report: ``availability`` is available / degraded / unavailable."""
+    """What the endpoints report: the availability, why, and the readiness layers."""
 
-    availability: str
+    availability: Availability
     reason: str | None
     readiness: Mapping[str, bool]
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "availability", Availability(self.availability))
+
     @property
     def ready(self) -> bool:
-        return self.availability in ("available", "degraded")
+        """Outputs are produced (available or degraded)."""
+        return self.availability is not Availability.UNAVAILABLE
 
 
 class Metrics:
@@ -79,9 +84,9 @@ class Metrics:
             "dms_availability", "1 for the current availability state", ["state"], registry=r
         )
 
-    def set_availability(self, availability: str) -> None:
-        for state in ("available", "degraded", "unavailable"):
-            self.availability.labels(state=state).set(1.0 if state == availability else 0.0)
+    def set_availability(self, availability: Availability) -> None:
+        for state in Availability:
+            self.availability.labels(state=state.value).set(1.0 if state == availability else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -96,7 +101,7 @@ def create_app(state: Callable[[], HealthState], metrics: Metrics) -> Starlette:
     def readiness_body(current: HealthState) -> dict[str, object]:
         return {
             "ready": current.ready,
-            "availability": current.availability,
+            "availability": current.availability.value,
             "reason": current.reason,
             "readiness": dict(current.readiness),
         }

@@ -19,12 +19,13 @@ The accelerator faults need ``--device sim``; with ``--device cpu`` they are ref
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
 from transports.sim import Fault
 
-__all__ = ["DEVICE_FAULTS", "FAULT_NAMES", "FaultSpec", "parse_faults"]
+__all__ = ["DEVICE_FAULTS", "FAULT_NAMES", "FaultSpec", "ServiceFault", "parse_faults"]
 
 DEVICE_FAULTS: dict[str, Fault] = {
     "gpu-hang": Fault.KERNEL_HANG,
@@ -34,8 +35,17 @@ DEVICE_FAULTS: dict[str, Fault] = {
     "smu-timeout": Fault.SMU_NO_RESPONSE,
 }
 """Faults of the simulated accelerator, as the simulator's fault kinds."""
-SERVICE_FAULTS = ("camera-stall", "nan-output")
-FAULT_NAMES = (*DEVICE_FAULTS, *SERVICE_FAULTS)
+
+
+class ServiceFault(enum.StrEnum):
+    """Faults the service itself plays (any device)."""
+
+    CAMERA_STALL = "camera-stall"
+    NAN_OUTPUT = "nan-output"
+
+
+SERVICE_FAULTS = {fault.value: fault for fault in ServiceFault}
+FAULT_NAMES = (*DEVICE_FAULTS, *(fault.value for fault in ServiceFault))
 
 _ITEM = re.compile(r"^(?P<name>[a-z-]+)@(?P<start>\d+)(?:\+(?P<frames>\d+))?$")
 
@@ -51,7 +61,13 @@ class FaultSpec:
 
     @property
     def device(self) -> Fault | None:
+        """The simulated accelerator's fault this is, if it is one."""
         return DEVICE_FAULTS.get(self.name)
+
+    @property
+    def service(self) -> ServiceFault | None:
+        """The service's own fault this is, if it is one."""
+        return SERVICE_FAULTS.get(self.name)
 
 
 def parse_faults(spec: str) -> list[FaultSpec]:

@@ -37,7 +37,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DRIVER_FIELDS", "READINESS_LAYERS", "DriverStateV2"]
+from aio_runtime import Availability, Readiness, ReadinessLayer
+
+__all__ = [
+    "DRIVER_FIELDS",
+    "READINESS_LAYERS",
+    "READINESS_NAMES",
+    "DriverStateV2",
+    "readiness_record",
+]
 
 DRIVER_FIELDS = (
     "faceOrientation",
@@ -55,13 +63,21 @@ DRIVER_FIELDS = (
 )
 """The fields of openpilot's ``DriverData``, in schema order."""
 
-READINESS_LAYERS = (
-    "deviceOnline",
-    "firmwareReady",
-    "queueSubmittable",
-    "taskComplete",
-    "outputValid",
-)
+READINESS_NAMES: Mapping[ReadinessLayer, str] = {
+    ReadinessLayer.DEVICE_ONLINE: "deviceOnline",
+    ReadinessLayer.FIRMWARE_READY: "firmwareReady",
+    ReadinessLayer.QUEUE_SUBMITTABLE: "queueSubmittable",
+    ReadinessLayer.TASK_COMPLETE: "taskComplete",
+    ReadinessLayer.OUTPUT_VALID: "outputValid",
+}
+"""Each readiness layer's name in a message."""
+READINESS_LAYERS = tuple(READINESS_NAMES.values())
+"""The layers' names, lowest first."""
+
+
+def readiness_record(readiness: Readiness) -> dict[str, bool]:
+    """``{"deviceOnline": True, ...}``: the layers as a message carries them."""
+    return {name: readiness.is_up(layer) for layer, name in READINESS_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -73,7 +89,7 @@ class DriverStateV2:
     timestamp_sof: int
     timestamp_eof: int
     frame_age: float
-    availability: str
+    availability: Availability
     reason: str
     valid: bool
     readiness: Mapping[str, bool]
@@ -89,10 +105,11 @@ class DriverStateV2:
     """A replayed frame's timestamps as recorded (ns); None for a live frame."""
 
     def __post_init__(self) -> None:
-        if self.availability not in ("available", "degraded", "unavailable"):
+        if self.availability not in tuple(Availability):
             raise ValueError(
                 f"availability must be available, degraded or unavailable, got {self.availability!r}"
             )
+        object.__setattr__(self, "availability", Availability(self.availability))
         missing = [name for name in READINESS_LAYERS if name not in self.readiness]
         if missing:
             raise ValueError(f"readiness lacks the layers {missing}")
@@ -114,7 +131,7 @@ class DriverStateV2:
             "timestampEof": self.timestamp_eof,
             "frameAge": self.frame_age,
             "valid": self.valid,
-            "availability": self.availability,
+            "availability": self.availability.value,
             "reason": self.reason,
             "readiness": {name: bool(self.readiness[name]) for name in READINESS_LAYERS},
             "modelExecutionTime": self.model_execution_time,

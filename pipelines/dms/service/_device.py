@@ -1,0 +1,136 @@
+"""The model's device as the frames see it, and the task that keeps it open.
+
+:class:`ModelDevice` owns the device's sessions: it opens the device (:func:`open_device`), opens
+a session on it and — for a device whose sessions can fail, the accelerator — supervises it: a
+session that fails is torn down and opened again with backoff, for as long as the service runs.
+Frames take the session that is current (:attr:`ModelDevice.current`; None while there is none,
+and :meth:`ModelDevice.why_unavailable` says why) and report a device fault to that session
+(:meth:`DeviceSession.fail`). The first fault reported is the one the session failed with: the
+supervisor sees that typed error itself (its layer, what was awaited, what was expected and
+observed), and a fault seen once a restart has begun does not restart the next session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import anyio
+
+from aio_runtime import AvailabilityMachine, Backoff, Readiness, Supervisor
+from transports.sim import FaultPlan
+
+from ..config import ServiceConfig
+from ..decode import Decoder
+from ._backends import Device, ModelBackend, TransportOpener, open_device
+
+__all__ = ["DeviceSession", "ModelDevice"]
+
+
+class DeviceSession:
+    """One open session of the model's device: its backend, its readiness layers, and the error
+    it failed with, once it has."""
+
+    def __init__(self, backend: ModelBackend, readiness: Readiness, *, restartable: bool) -> None:
+        self.backend = backend
+        self.readiness = readiness
+        self.restartable = restartable
+        self.error: Exception | None = None
+        self._failed = anyio.Event()
+
+    @property
+    def failing(self) -> bool:
+        """The session has failed and is being replaced: its faults are consequences now."""
+        return self.error is not None
+
+    def fail(self, error: Exception) -> None:
+        """A frame found the device at fault. The first error is the session's (its supervisor
+        sees it); later ones are its consequences. A session that cannot be restarted does not
+        fail: each frame's fault is its own."""
+        if self.restartable and self.error is None:
+            self.error = error
+            self._failed.set()
+
+    async def failed(self) -> Exception:
+        """Wait until the session fails; the error it failed with."""
+        await self._failed.wait()
+        assert self.error is not None
+        return self.error
+
+
+class ModelDevice:
+    """The model's device: the session that runs frames now, the decoder of its outputs, and the
+    task that keeps a session open (:meth:`serve`)."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        availability: AvailabilityMachine,
+        *,
+        plan: FaultPlan,
+        transport: TransportOpener | None = None,
+    ) -> None:
+        self.config = config
+        self.availability = availability
+        self._plan = plan
+        self._transport = transport
+        self.current: DeviceSession | None = None
+        """The session frames run on; None while there is none."""
+        self.readiness = Readiness()
+        """The readiness layers of the current session (or of the one being opened)."""
+        self.decoder = Decoder({})
+        """Decodes the model's outputs, once the model's contract is read."""
+        self.ready = anyio.Event()
+        """Set once a model can first run frames, or opening it failed."""
+        self._why_none = "loading the model"
+        self._name = "model"
+
+    def why_unavailable(self, session: DeviceSession | None) -> str:
+        """Why ``session`` (the current one, as a frame took it) runs no frames."""
+        if session is None:
+            return self._why_none
+        return f"the {self._name} is restarting ({self.availability.state.reason})"
+
+    async def serve(self, model_cpus: frozenset[int] | None = None) -> None:
+        """Open the device (``model_cpus``: a CPU runner's thread's CPUs) and keep a session open
+        until cancelled."""
+        opened = open_device(
+            self.config, plan=self._plan, transport=self._transport, model_cpus=model_cpus
+        )
+        async with opened as device:
+            self.decoder = Decoder(device.contract.output_slices)
+            self._name = device.name
+            self._why_none = f"opening the {device.name}"
+            if not device.restartable:  # it never fails: open until the service stops
+                async with self._session(device) as session:
+                    await session.failed()
+                return
+            cfg = self.config
+            await Supervisor(
+                device.name,
+                lambda: self._session(device),
+                self._until_failed,
+                availability=self.availability,
+                backoff=Backoff(initial=cfg.backoff_initial, cap=cfg.backoff_max),
+                healthy_after=cfg.healthy_after,
+            ).run()
+
+    @contextlib.asynccontextmanager
+    async def _session(self, device: Device) -> AsyncIterator[DeviceSession]:
+        readiness = self.readiness = Readiness()
+        try:
+            async with device.open_session(readiness) as backend:
+                session = DeviceSession(backend, readiness, restartable=device.restartable)
+                self.current = session
+                self.ready.set()
+                try:
+                    yield session
+                finally:
+                    self.current = None
+                    self._why_none = self.why_unavailable(session)
+        finally:
+            self.ready.set()  # opened or not: frames flow, and say why there is no output
+
+    @staticmethod
+    async def _until_failed(session: DeviceSession) -> None:
+        raise await session.failed()

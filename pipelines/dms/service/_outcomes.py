@@ -1,0 +1,220 @@
+"""How frames end, in one place: every frame that reaches the service ends as exactly one of
+published valid, published invalid with a reason, or dropped and counted (design C7).
+
+:class:`FrameOutcomes` is the only code that counts frames (:class:`Summary`), updates the frame
+metrics, numbers messages (``seq``), builds them and hands them to the sinks. It also keeps the
+summary's record of availability changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aio_runtime import AvailabilityMachine, Readiness, ReadinessLayer, Reason, get_logger
+
+from ..camera_sources import clock_ns
+from ..channels import FrameAccounting
+from ..decode import DriverStateFields
+from ..endpoints import Metrics
+from ..messages import DriverStateV2, readiness_record
+from ..publish import Sink
+from ._job import FrameJob
+from ._policy import Verdict
+
+__all__ = ["FRAME_AGES_KEPT", "FrameOutcomes", "Summary"]
+
+FRAME_AGES_KEPT = 100_000
+"""Frame ages kept for the summary's percentiles: the latest ~80 minutes at 20 Hz."""
+
+_log = get_logger(__name__)
+
+
+@dataclass
+class Summary:
+    frames: FrameAccounting
+    frame_ages: deque[float] = field(default_factory=lambda: deque(maxlen=FRAME_AGES_KEPT))
+    """The latest frames' ages (bounded: a service runs for days)."""
+    transitions: list[tuple[float, str]] = field(default_factory=list)
+    camera_error: str | None = None
+    """Why the camera source failed, if it did (the service then ended)."""
+
+    def latency_ms(self, q: float) -> float:
+        return float(np.percentile(self.frame_ages, q) * 1000) if self.frame_ages else math.nan
+
+
+class FrameOutcomes:
+    """Ends frames: publishes them (valid or invalid) or drops them, counted.
+
+    ``readiness()``: the model's device's readiness layers as they are now; each message adds
+    whether its own frame's task completed and its output was valid.
+    """
+
+    def __init__(
+        self,
+        *,
+        availability: AvailabilityMachine,
+        metrics: Metrics,
+        sinks: Sequence[Sink],
+        readiness: Callable[[], Readiness],
+        raw_predictions: bool = False,
+    ) -> None:
+        self.availability = availability
+        self.metrics = metrics
+        self.summary = Summary(FrameAccounting())
+        self._sinks = sinks
+        self._readiness = readiness
+        self._raw_predictions = raw_predictions
+        self._in_flight: dict[int, FrameJob] = {}
+        """Frames received and not yet published or dropped, by number."""
+        self._seq = 0
+        self._newest_sof: int | None = None
+        """The newest frame's start of frame (ns)."""
+
+    # -- frames in -----------------------------------------------------------------------------
+
+    def arrived(self, job: FrameJob) -> None:
+        self._in_flight[job.number] = job
+        self._newest_sof = job.frame.timestamp_sof
+        self.summary.frames.receive()
+        self.metrics.frames_in.inc()
+
+    def stage_done(self, job: FrameJob, stage: str, seconds: float) -> None:
+        job.stages[stage] = seconds
+        self.metrics.stage_latency.labels(stage=stage).observe(seconds)
+
+    # -- frames out ----------------------------------------------------------------------------
+
+    def dropped(self, stage: str, job: FrameJob) -> None:
+        if self._in_flight.pop(job.number, None) is None:
+            return  # already ended
+        self.summary.frames.drop(stage)
+        self.metrics.frames_dropped.labels(stage=stage).inc()
+
+    def drop_in_flight(self) -> None:
+        """The service stops: frames still waiting or being worked on are dropped, counted."""
+        for job in list(self._in_flight.values()):
+            self.dropped("shutdown", job)
+
+    def invalid(self, job: FrameJob, verdict: Verdict, *, output: np.ndarray | None = None) -> None:
+        """Publish the frame invalid, for ``verdict.reason`` (``output``: what the model gave, if
+        it gave anything)."""
+        self._count_timeouts(verdict)
+        self._publish(job, verdict.reason, output=output)
+
+    def decoded(self, job: FrameJob, verdict: Verdict, fields: DriverStateFields) -> None:
+        """Publish a decoded frame: valid unless ``verdict`` says why not."""
+        self._publish(
+            job,
+            verdict.reason,
+            fields=fields,
+            output=job.output,
+            model_time=sum(job.stages.values()),
+            device_time=job.device_time,
+        )
+
+    def status(self, verdict: Verdict) -> None:
+        """A message for no frame (``frameId`` -1, no timestamps; ``frameAge``: the age of the
+        newest frame, 0 if none came): published while frames do not arrive, so a consumer on
+        every sink hears of it instead of silence."""
+        self._count_timeouts(verdict)
+        newest = self._newest_sof
+        age = 0.0 if newest is None else max(0.0, clock_ns() / 1e9 - newest / 1e9)
+        self._send(
+            DriverStateV2(
+                seq=self._seq,
+                frame_id=-1,
+                timestamp_sof=0,
+                timestamp_eof=0,
+                frame_age=age,
+                availability=self.availability.state.availability,
+                reason=verdict.reason or "",
+                valid=False,
+                readiness=self._layers(task_complete=False, output_valid=False),
+            )
+        )
+
+    def _count_timeouts(self, verdict: Verdict) -> None:
+        for layer in verdict.timeouts:
+            self.metrics.timeouts.labels(layer=layer).inc()
+
+    def _publish(
+        self,
+        job: FrameJob,
+        reason: Reason | None,
+        *,
+        fields: DriverStateFields | None = None,
+        output: np.ndarray | None = None,
+        model_time: float = 0.0,
+        device_time: float = 0.0,
+    ) -> None:
+        frame = job.frame
+        age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
+        raw = output is not None and self._raw_predictions
+        message = DriverStateV2(
+            seq=self._seq,
+            frame_id=frame.frame_id,
+            timestamp_sof=frame.timestamp_sof,
+            timestamp_eof=frame.timestamp_eof,
+            frame_age=age,
+            availability=self.availability.state.availability,
+            reason=reason or "",
+            valid=reason is None and fields is not None,
+            readiness=self._layers(
+                task_complete=output is not None or fields is not None,
+                output_valid=fields is not None,
+            ),
+            model_execution_time=model_time,
+            gpu_execution_time=device_time,
+            wheel_on_right_prob=None if fields is None else fields.wheel_on_right_prob,
+            left_driver_data=None if fields is None else fields.left_driver_data.to_dict(),
+            right_driver_data=None if fields is None else fields.right_driver_data.to_dict(),
+            raw_predictions=output.astype("<f4").tobytes() if raw and output is not None else None,
+            recorded_sof=frame.recorded_sof,
+            recorded_eof=frame.recorded_eof,
+        )
+        self._in_flight.pop(job.number, None)
+        self._send(message)
+        self.summary.frames.published(message.valid, message.reason)
+        self.summary.frame_ages.append(age)
+        self.metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
+        self.metrics.end_to_end.observe(age)
+
+    def _layers(self, *, task_complete: bool, output_valid: bool) -> dict[str, bool]:
+        """The device's readiness, with this message's task-complete and output-valid layers
+        marked on it (the health endpoints then report the last message's)."""
+        readiness = self._readiness()
+        _mark(
+            readiness, ReadinessLayer.TASK_COMPLETE, task_complete, "the frame produced no output"
+        )
+        _mark(
+            readiness, ReadinessLayer.OUTPUT_VALID, output_valid, "the frame's output is not valid"
+        )
+        return readiness_record(readiness)
+
+    def _send(self, message: DriverStateV2) -> None:
+        self._seq += 1
+        for sink in self._sinks:
+            sink.publish(message)
+
+    async def follow_availability(self) -> None:
+        """Record every availability change: the summary, the metrics' gauge, the log."""
+        with self.availability.subscribe() as stream:
+            async for transition in stream:
+                current = transition.current
+                self.metrics.set_availability(current.availability)
+                self.summary.transitions.append((current.since, str(current)))
+                _log.info("availability", state=str(current))
+
+
+def _mark(readiness: Readiness, layer: ReadinessLayer, up: bool, reason: str) -> None:
+    """Mark a frame's layer: up only where the layers below it hold (a device that went down
+    meanwhile takes the frame's layers down with it)."""
+    if not up:
+        readiness.mark_down(layer, reason)
+    elif all(readiness.is_up(below) for below in ReadinessLayer if below < layer):
+        readiness.mark_up(layer)

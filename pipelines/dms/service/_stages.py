@@ -1,0 +1,347 @@
+"""The frame's path: camera → warp → model → decode → publish, one task per stage.
+
+Stages are joined by latest-frame-wins slots: at most one frame waits per stage, and a frame
+replaced by a newer one is dropped and counted. Each stage takes what it works with explicitly and
+ends every frame through :class:`~pipelines.dms.service._outcomes.FrameOutcomes`, judged by
+:class:`~pipelines.dms.service._policy.FramePolicy`. Every wait made for a frame is bounded by its
+deadline (:meth:`FrameJob.budget_scope`). When the camera ends, the stages end in order — each
+closes the next slot once it has finished what it holds — so frames in flight are finished (each
+bounded by its deadline), not lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import AsyncIterable, Callable
+
+import anyio
+import numpy as np
+
+from aio_runtime import (
+    BudgetExhausted,
+    CameraTimeout,
+    RuntimeFault,
+    WorkerThread,
+    get_logger,
+    now,
+    run_in_thread,
+    wait_complete,
+)
+
+from ..camera import CABIN_CAMERAS, Frame
+from ..camera_sources import closing
+from ..channels import LatestSlot, SlotClosed
+from ..model_runner import RunSuperseded
+from ..warp import MODEL_INPUT_SIZE, Warper
+from ._calibration import CalibrationState
+from ._device import DeviceSession, ModelDevice
+from ._faults import ServiceFaults
+from ._job import FrameJob
+from ._outcomes import FrameOutcomes
+from ._policy import FramePolicy
+
+__all__ = ["Camera", "Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
+
+_log = get_logger(__name__)
+
+Warpers = dict[tuple[int, int, int], Warper]
+"""One warper per frame geometry (width, height, stride)."""
+Slot = LatestSlot[FrameJob]
+
+
+async def run_stages(
+    camera: Camera, warp: Warp, model: Model, decode: Decode, outcomes: FrameOutcomes
+) -> None:
+    """Run the frame's path until the camera ends and every frame in flight has ended."""
+
+    def slot(stage: str) -> Slot:
+        return LatestSlot(stage, functools.partial(outcomes.dropped, stage))
+
+    to_warp, to_model, to_decode = slot("warp"), slot("model"), slot("decode")
+    async with anyio.create_task_group() as stages:
+        stages.start_soon(warp.run, to_warp, to_model)
+        stages.start_soon(model.run, to_model, to_decode)
+        stages.start_soon(decode.run, to_decode)
+        await camera.run(to_warp)
+
+
+class Camera:
+    """Frames from the source ``open_source()`` gives into the service, numbered and counted,
+    until the source ends (or ``frames`` or ``duration`` are reached). A source that cannot be
+    opened, or fails, ends the stream, reported."""
+
+    def __init__(
+        self,
+        open_source: Callable[[], AsyncIterable[Frame]],
+        *,
+        budget: float,
+        frames: int | None,
+        duration: float | None,
+        faults: ServiceFaults,
+        policy: FramePolicy,
+        outcomes: FrameOutcomes,
+    ) -> None:
+        self.open_source = open_source
+        self.budget = budget
+        self.frames = frames
+        self.duration = duration
+        self.faults = faults
+        self.policy = policy
+        self.outcomes = outcomes
+        self._arrived = anyio.Event()
+
+    async def run(self, outbox: Slot) -> None:
+        try:
+            await self._frames(outbox)
+        except Exception as exc:  # a source that fails ends the stream, reported, not a crash
+            _log.error("camera failed", error=repr(exc))
+            error = f"{type(exc).__name__}: {exc}"
+            self.outcomes.summary.camera_error = error
+            self.policy.camera_failed(error)
+        outbox.close()
+
+    async def _frames(self, outbox: Slot) -> None:
+        source = self.open_source()
+        started = now()
+        number = 0
+        async with closing(source):
+            async for frame in source:
+                if self.frames is not None and number >= self.frames:
+                    break
+                if self.duration is not None and now() - started >= self.duration:
+                    break
+                self.faults.frame_arrives(number)
+                if self.faults.camera_stalled(number):
+                    number += 1  # the camera delivers nothing while stalled
+                    continue
+                self._arrived.set()
+                job = FrameJob(frame, number, frame.timestamp_sof / 1e9 + self.budget)
+                self.outcomes.arrived(job)
+                outbox.put(job)
+                number += 1
+
+    async def watch(self, stall_after: float) -> None:
+        """A camera that stops delivering makes the service UNAVAILABLE, and says so on every
+        sink each ``stall_after`` seconds while it lasts: it never goes silent."""
+        while True:
+            try:
+                await wait_complete(
+                    self._arrived,
+                    awaited="a camera frame",
+                    error=CameraTimeout,
+                    timeout=stall_after,
+                )
+                self._arrived = anyio.Event()
+            except CameraTimeout as exc:  # reported again each period while the camera is out
+                self.outcomes.status(self.policy.camera_stalled(exc))
+
+
+def plan_warps() -> Warpers:
+    """A warper for each cabin camera, planned (blocking: on a worker thread)."""
+    warpers = {}
+    for camera in CABIN_CAMERAS:
+        key = (camera.width, camera.height, camera.layout.stride)
+        warpers[key] = Warper()
+        warpers[key].plan_for(*key)
+    return warpers
+
+
+class Warp:
+    """The model's input image from each frame, on a worker thread of its own; a frame already
+    past its deadline is not warped (nothing done for it could still be on time)."""
+
+    def __init__(
+        self,
+        warpers: Warpers,
+        *,
+        cpus: frozenset[int] | None,
+        policy: FramePolicy,
+        outcomes: FrameOutcomes,
+    ) -> None:
+        self.warpers = warpers
+        self.cpus = cpus
+        self.policy = policy
+        self.outcomes = outcomes
+
+    async def run(self, inbox: Slot, outbox: Slot) -> None:
+        worker = WorkerThread("warp", cpus=self.cpus)
+        try:
+            while True:
+                try:
+                    job = await inbox.get()
+                except SlotClosed:
+                    break
+                if await self._warp(job, worker):
+                    outbox.put(job)
+        finally:
+            worker.close()
+        outbox.close()
+
+    async def _warp(self, job: FrameJob, worker: WorkerThread) -> bool:
+        start = time.perf_counter()
+        frame = job.frame
+        if now() >= job.deadline:  # stale: nothing done for it could still be on time
+            self.outcomes.invalid(job, self.policy.too_old(now() - job.start))
+            return False
+        key = (frame.width, frame.height, frame.stride)
+        warper = self.warpers.get(key)
+        if warper is None:  # a geometry no cabin camera has: planned on first use
+            warper = self.warpers[key] = Warper()
+        try:
+            with job.budget_scope():
+                job.image = await run_in_thread(
+                    functools.partial(_warp, warper, frame),
+                    worker=worker,
+                    awaited=f"warp of frame {frame.frame_id}",
+                    error=CameraTimeout,
+                )
+        except BudgetExhausted as exc:
+            self.outcomes.invalid(job, self.policy.over_budget(exc))
+            return False
+        except (RuntimeFault, ValueError) as exc:
+            self.outcomes.invalid(job, self.policy.warp_failed(exc))
+            return False
+        self.outcomes.stage_done(job, "warp", time.perf_counter() - start)
+        return True
+
+
+def _warp(warper: Warper, frame: Frame) -> np.ndarray:
+    """On a worker thread: the frame's luma, warped into a fresh array (the next frame must not
+    overwrite what the model is reading)."""
+    out = np.empty((1, MODEL_INPUT_SIZE), np.uint8)
+    return warper.warp(frame.buffer, frame.width, frame.height, frame.stride, out=out)
+
+
+class Model:
+    """The model on each warped frame, on the device's current session. A backend that runs
+    back to back is handed each frame as soon as it is warped: its run waits on the runner's
+    thread and starts the moment the run in progress returns, unless a newer frame replaces it
+    first (dropped, counted). Otherwise one frame at a time."""
+
+    def __init__(
+        self,
+        device: ModelDevice,
+        calibration: CalibrationState,
+        *,
+        policy: FramePolicy,
+        outcomes: FrameOutcomes,
+    ) -> None:
+        self.device = device
+        self.calibration = calibration
+        self.policy = policy
+        self.outcomes = outcomes
+
+    async def run(self, inbox: Slot, outbox: Slot) -> None:
+        async with anyio.create_task_group() as runs:
+            while True:
+                try:
+                    job = await inbox.get()
+                except SlotClosed:
+                    break
+                session = self.device.current
+                if session is not None and session.backend.runs_back_to_back:
+                    runs.start_soon(self._step, job, session, outbox)
+                else:
+                    await self._step(job, session, outbox)
+        outbox.close()
+
+    async def _step(self, job: FrameJob, session: DeviceSession | None, outbox: Slot) -> None:
+        if await self._infer(job, session):
+            outbox.put(job)  # decoding and publishing it overlaps the next run
+
+    async def _infer(self, job: FrameJob, session: DeviceSession | None) -> bool:
+        """Run the model on the frame: True with ``job.output`` set, False once it has ended."""
+        if session is None:  # whoever brings the device up reports the availability meanwhile
+            self.outcomes.invalid(job, self.policy.no_model(self.device.why_unavailable(None)))
+            return False
+        job.calibration = self.calibration.latest
+        vector = job.calibration.values if job.calibration is not None else _NO_CALIBRATION
+        assert job.image is not None
+        start = time.perf_counter()
+        try:
+            with job.budget_scope():
+                inference = await session.backend.infer(job.image, vector)
+        except RunSuperseded:  # a newer frame took its place before it started
+            self.outcomes.dropped("model", job)
+            return False
+        except BudgetExhausted as exc:
+            await self._over_budget(job, session, exc)
+            return False
+        except RuntimeFault as exc:
+            self._device_fault(job, session, exc)
+            return False
+        self.outcomes.stage_done(job, "model", time.perf_counter() - start)
+        job.output, job.device_time = inference
+        return True
+
+    async def _over_budget(
+        self, job: FrameJob, session: DeviceSession, exc: BudgetExhausted
+    ) -> None:
+        """Late — unless the device has made no progress for too long: hung."""
+        stalled = None
+        if not session.failing:
+            try:
+                stalled = await session.backend.stalled_for()
+            except RuntimeFault as probe_error:  # the device could not even be read
+                self._device_fault(job, session, probe_error)
+                return
+        verdict = self.policy.over_budget(exc, stalled)
+        self.outcomes.invalid(job, verdict)
+        if verdict.restart:
+            exc.add_note(f"hung: no progress for {stalled:.3f} s")
+            session.fail(exc)
+
+    def _device_fault(self, job: FrameJob, session: DeviceSession, exc: RuntimeFault) -> None:
+        if session.failing:  # the session is being replaced: this is a consequence
+            self.outcomes.invalid(job, self.policy.no_model(self.device.why_unavailable(session)))
+            return
+        verdict = self.policy.device_fault(exc)
+        self.outcomes.invalid(job, verdict)
+        if verdict.restart:
+            session.fail(exc)
+
+
+_NO_CALIBRATION = np.zeros((1, 3), np.float32)
+
+
+class Decode:
+    """The model's output decoded into the driverStateV2 fields, judged and published."""
+
+    def __init__(
+        self,
+        device: ModelDevice,
+        calibration: CalibrationState,
+        *,
+        faults: ServiceFaults,
+        policy: FramePolicy,
+        outcomes: FrameOutcomes,
+    ) -> None:
+        self.device = device
+        self.calibration = calibration
+        self.faults = faults
+        self.policy = policy
+        self.outcomes = outcomes
+
+    async def run(self, inbox: Slot) -> None:
+        while True:
+            try:
+                job = await inbox.get()
+            except SlotClosed:
+                return
+            self.finish(job)
+
+    def finish(self, job: FrameJob) -> None:
+        output = job.output
+        assert output is not None
+        if self.faults.output_is_nan(job.number):
+            output = np.full_like(output, np.nan)
+        decoded = self.device.decoder(output)
+        if not decoded.valid or decoded.fields is None:
+            self.outcomes.invalid(job, self.policy.invalid_output(decoded.reason), output=output)
+            return
+        at = now()
+        verdict = self.policy.decoded(
+            late=at - job.deadline, calibration=self.calibration.problem(job.calibration, at)
+        )
+        self.outcomes.decoded(job, verdict, decoded.fields)
