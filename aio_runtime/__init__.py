@@ -45,7 +45,15 @@ from .health import (
 )
 from .log import configure_logging, get_logger, log_context
 from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
-from .ownership import Ledger, LedgerEntry, Owned, Stages, current_ledger, use_ledger
+from .ownership import (
+    Ledger,
+    LedgerEntry,
+    LedgerKind,
+    Owned,
+    Stages,
+    current_ledger,
+    use_ledger,
+)
 from .signals import Fence, TimelineSignal
 from .supervision import Backoff, Supervisor, SupervisorStatistics
 from .threads import PendingCall, WorkerThread, run_in_thread
@@ -79,6 +87,7 @@ __all__ = [
     "Layer",
     "Ledger",
     "LedgerEntry",
+    "LedgerKind",
     "Mailbox",
     "MailboxLayout",
     "MemoryRegisters",

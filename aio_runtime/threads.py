@@ -30,7 +30,7 @@ from typing import TypeVar
 from .clock import validate_timeout
 from .completion import Completion
 from .errors import HardwareTimeout, Layer
-from .ownership import current_ledger
+from .ownership import LedgerKind, current_ledger
 from .waits import WaitBound, _resolve, wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
@@ -122,7 +122,7 @@ async def run_in_thread(
     setter = done.threadsafe_setter()
     context = contextvars.copy_context()
     ledger = current_ledger()
-    entry = ledger.open("worker thread", awaited)
+    entry = ledger.open(LedgerKind.WORKER_THREAD, awaited)
 
     def work() -> None:
         # The call has let go of its buffers once it returns: the ledger says so before the

@@ -152,6 +152,46 @@ def test_the_camera_may_pace_with_sleep_until_in_its_pacing_function_only():
     assert stray_waits("pipelines/dms/other.py", ast.parse(allowed))
 
 
+def ledger_kind_literals(path: str, tree: ast.AST) -> list[tuple[str, str]]:
+    """``(where, kind)`` for every ledger entry opened with a string literal as its kind
+    (``ledger.open("usb transfer", ...)``, ``current_ledger().open(...)``)."""
+    return [
+        (f"{path}:{node.lineno}", node.args[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "open"
+        and "ledger" in ast.unparse(node.func.value).lower()
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def test_every_ledger_kind_spelled_as_a_string_is_a_ledger_kind_member():
+    from aio_runtime import LedgerKind
+
+    unknown = [
+        f"{where}: {kind!r}"
+        for package in PACKAGES
+        for path, tree in sources(package)
+        for where, kind in ledger_kind_literals(path, tree)
+        if kind not in set(LedgerKind)
+    ]
+    assert not unknown, f"ledger kinds missing from LedgerKind: {unknown}"
+
+
+def test_the_ledger_kind_scan_finds_string_kinds_on_any_ledger():
+    snippet = (
+        'ledger.open("dma buffer", what)\n'
+        'current_ledger().open("host mapping", what)\n'
+        "self._ledger.open(LedgerKind.STAGE, what)\n"
+        'path.open("rb")\n'
+    )
+    found = ledger_kind_literals("transports/x.py", ast.parse(snippet))
+    assert found == [("transports/x.py:1", "dma buffer"), ("transports/x.py:2", "host mapping")]
+
+
 def test_public_api_lists_only_what_exists_and_exports_every_public_name():
     import aio_runtime
     import aio_runtime.testing

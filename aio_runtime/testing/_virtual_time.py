@@ -38,7 +38,7 @@ from typing import Any
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..ownership import Ledger, current_ledger
+from ..ownership import Ledger, LedgerKind, current_ledger
 
 __all__ = ["VirtualClock", "threads_busy", "virtual_time"]
 
@@ -226,9 +226,10 @@ async def virtual_time(
 def threads_busy(ledger: Ledger | None = None) -> Callable[[], bool]:
     """A ``hold`` for :func:`virtual_time`: true while the loop awaits work on a thread.
 
-    That is a call made with :func:`aio_runtime.run_in_thread` (a live ``"worker thread"`` in
-    ``ledger``, default the current one) or with ``anyio.to_thread.run_sync`` (a token of anyio's
-    default thread limiter, given back on the loop once the result is in). Call it on the loop.
+    That is a call made with :func:`aio_runtime.run_in_thread` (a live
+    :attr:`~aio_runtime.LedgerKind.WORKER_THREAD` entry in ``ledger``, default the current one) or
+    with ``anyio.to_thread.run_sync`` (a token of anyio's default thread limiter, given back on the
+    loop once the result is in). Call it on the loop.
 
     ``run_in_thread`` closes its ledger entry just before the thread wakes the loop with the result:
     give ``virtual_time`` an ``autojump_threshold`` of a few milliseconds so that the loop, finding
@@ -239,7 +240,7 @@ def threads_busy(ledger: Ledger | None = None) -> Callable[[], bool]:
 
     def busy() -> bool:
         return limiter.borrowed_tokens > 0 or any(
-            entry.kind == "worker thread" for entry in recorded.live()
+            entry.kind == LedgerKind.WORKER_THREAD for entry in recorded.live()
         )
 
     return busy
