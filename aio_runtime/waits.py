@@ -24,6 +24,9 @@ Entry points, all built on one :class:`WaitBound`:
 * :class:`WaitBound` — one bound over a sequence of steps (take a lock, write registers, poll a
   response): create it once, pass ``within=bound`` to the waits of the sequence and run its other
   steps with :meth:`WaitBound.run`, so the whole sequence shares one deadline and one error.
+* :func:`drain` — what a wait with ``cancel=`` does when it ends early, for an operation nobody
+  waits on (a transfer dropped unawaited): ask it to stop, then await its completion, shielded and
+  bounded.
 * :func:`pause` — a bounded sleep between attempts, the only sleep in the project.
 """
 
@@ -51,6 +54,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "PollPolicy",
     "WaitBound",
+    "drain",
     "pause",
     "wait_complete",
     "wait_until",
@@ -232,19 +236,33 @@ def _already_done(completion: Waitable[Any]) -> bool:
     return False
 
 
-async def _drain(
-    completion: Waitable[Any], cancel: Callable[[], object], limit: float, exc: BaseException
+async def drain(
+    completion: Waitable[object],
+    cancel: Callable[[], object],
+    *,
+    limit: float,
+    failure: BaseException | None = None,
 ) -> bool:
-    """Ask the operation to stop, then await its completion — shielded, for at most ``limit``.
+    """Ask an operation in flight to stop, then wait for its completion — shielded from
+    cancellation, for at most ``limit`` seconds — so that its buffers may be reused or freed.
 
-    Returns whether it completed. A failing ``cancel()`` (cancelling a transfer that has just
-    finished, a device that is gone) does not replace ``exc``: it is noted on it.
+    Returns True once the operation has completed (at once, without asking it to stop, if it
+    already had), False if it did not complete within ``limit``: its buffers still belong to it.
+    What the stopped operation delivers (a result, or the error of a cancelled transfer) is
+    dropped. A failing ``cancel()`` (cancelling a transfer that has just finished, a device that
+    is gone) does not end the wait: it is noted on ``failure`` — the exception the caller is about
+    to raise, if any — and otherwise ignored.
     """
+    checked = validate_timeout(limit, what="limit")
+    assert checked is not None
+    if _already_done(completion):
+        return True
     try:
         cancel()
     except Exception as cancel_error:
-        exc.add_note(f"asking the operation to stop failed: {cancel_error!r}")
-    with anyio.CancelScope(shield=True), anyio.move_on_after(limit) as scope:
+        if failure is not None:
+            failure.add_note(f"asking the operation to stop failed: {cancel_error!r}")
+    with anyio.CancelScope(shield=True), anyio.move_on_after(checked) as scope:
         with contextlib.suppress(Exception):  # the stopped operation's own outcome
             await completion.wait()
     return not scope.cancelled_caught
@@ -287,23 +305,22 @@ async def wait_complete(
     """
     bound = _resolve(within, timeout, awaited, error, layer)
     bound.note(awaited)
-    drain = validate_timeout(drain_timeout, what="drain_timeout")
-    assert drain is not None
+    limit = validate_timeout(drain_timeout, what="drain_timeout")
+    assert limit is not None
     if _already_done(completion):
         return bound.step_done(await completion.wait())
     try:
         with anyio.CancelScope(deadline=bound.at):
             return bound.step_done(await completion.wait())
     except BaseException as exc:
-        if cancel is not None and not _already_done(completion):
-            if not await _drain(completion, cancel, drain, exc):
-                _mark_in_flight(exc, drain)
+        if cancel is not None and not await drain(completion, cancel, limit=limit, failure=exc):
+            _mark_in_flight(exc, limit)
         raise
     if _already_done(completion):  # it completed as the deadline fell: that outcome stands
         return bound.step_done(await completion.wait())
     timed_out = bound.timed_out()
-    if cancel is not None and not await _drain(completion, cancel, drain, timed_out):
-        _mark_in_flight(timed_out, drain)
+    if cancel is not None and not await drain(completion, cancel, limit=limit, failure=timed_out):
+        _mark_in_flight(timed_out, limit)
     raise timed_out
 
 
