@@ -54,6 +54,7 @@ from .ownership import (
     current_ledger,
     use_ledger,
 )
+from .resources import AsyncResource
 from .signals import Fence, TimelineSignal
 from .supervision import Backoff, Supervisor, SupervisorStatistics
 from .threads import PendingCall, WorkerThread, run_in_thread
@@ -71,6 +72,7 @@ from .watcher import MemoryWatcher, Watch, WatcherStatistics, WatcherStopped
 __all__ = [
     "DEFAULT_POLICY",
     "AllocatorStatistics",
+    "AsyncResource",
     "Availability",
     "AvailabilityMachine",
     "AvailabilityState",
