@@ -13,12 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("aio_runtime", "transports", "pipelines")
 
 # Where sleeping or spinning is allowed: the wait primitive and the watcher thread.
-WAIT_MODULES = {"aio_runtime/waits.py", "aio_runtime/watcher.py"}
+WAIT_MODULES = {"aio_runtime/_core/_waits.py", "aio_runtime/_core/_watcher.py"}
 # The simulator is the hardware: its engines wait for work and model latency by sleeping.
 SIMULATOR = "transports/sim/"
 SLEEP_CALLS = {"sleep", "sleep_until", "sleep_forever", "checkpoint", "cancel_shielded_checkpoint"}
 # pause() is the bounded sleep between attempts; in a loop anywhere else it is a polling loop.
-RETRY_LOOPS = {"aio_runtime/supervision.py", "aio_runtime/testing/_scripted.py"}
+RETRY_LOOPS = {"aio_runtime/_core/_supervision.py", "aio_runtime/testing/_scripted.py"}
 # A camera source is a clock-driven producer: a frame exists once its capture period has passed,
 # so sources pace by sleeping until each frame's instant on the loop clock. That is no wait on
 # hardware (the instant is known and always reached). One function does it, with sleep_until() only.

@@ -72,8 +72,7 @@ def test_trio_without_a_mock_clock_is_refused_with_a_clear_error():
 
 
 async def test_work_on_a_worker_thread_is_jumped_past_unless_the_loop_waits_for_it():
-    from aio_runtime import UsbTransferTimeout, wait_complete
-    from aio_runtime.completion import Completion
+    from aio_runtime import Completion, UsbTransferTimeout, wait_complete
 
     async def blocking_call_with_timeout(threshold: float) -> str:
         done: Completion[str] = Completion()

@@ -38,7 +38,7 @@ from typing import Any
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..ownership import Ledger, LedgerKind, current_ledger
+from .._core._ownership import Ledger, LedgerKind, current_ledger
 
 __all__ = ["VirtualClock", "threads_busy", "virtual_time"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ..ownership import Ledger, _swap_process_ledger
+from .._core._ownership import Ledger, _swap_process_ledger
 from ._recorder import capture_logs
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import HardwareTimeout, Layer, SignalTimeout
-from .waits import DEFAULT_POLICY, PollPolicy, wait_until
-from .watcher import MemoryWatcher
+from ._errors import HardwareTimeout, Layer, SignalTimeout
+from ._waits import DEFAULT_POLICY, PollPolicy, wait_until
+from ._watcher import MemoryWatcher
 
 __all__ = ["Fence", "TimelineSignal"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .errors import Layer, OutOfMemory
-from .ownership import Ledger, LedgerEntry, current_ledger
+from ._errors import Layer, OutOfMemory
+from ._ownership import Ledger, LedgerEntry, current_ledger
 
 __all__ = ["AllocatorStatistics", "Range", "RangeAllocator"]
 

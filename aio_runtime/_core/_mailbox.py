@@ -21,9 +21,9 @@ from typing import Protocol
 import anyio
 import numpy as np
 
-from .clock import validate_timeout
-from .errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
-from .waits import DEFAULT_POLICY, PollPolicy, WaitBound, wait_until
+from ._clock import validate_timeout
+from ._errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
+from ._waits import DEFAULT_POLICY, PollPolicy, WaitBound, wait_until
 
 __all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
 

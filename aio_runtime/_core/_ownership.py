@@ -26,8 +26,8 @@ from typing import TypeVar
 
 import anyio
 
-from .clock import deadline_scope, validate_timeout
-from .errors import RollbackFailed
+from ._clock import deadline_scope, validate_timeout
+from ._errors import RollbackFailed
 
 __all__ = [
     "Ledger",

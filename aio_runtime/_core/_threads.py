@@ -27,11 +27,11 @@ import threading
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
-from .clock import validate_timeout
-from .completion import Completion
-from .errors import HardwareTimeout, Layer
-from .ownership import LedgerKind, current_ledger
-from .waits import WaitBound, _resolve, wait_complete
+from ._clock import validate_timeout
+from ._completion import Completion
+from ._errors import HardwareTimeout, Layer
+from ._ownership import LedgerKind, current_ledger
+from ._waits import WaitBound, _resolve, wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 

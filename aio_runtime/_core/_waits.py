@@ -43,12 +43,12 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from .clock import Deadline, current_deadline, now, validate_timeout
-from .completion import Completion, Waitable
-from .errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
+from ._clock import Deadline, current_deadline, now, validate_timeout
+from ._completion import Completion, Waitable
+from ._errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
 
 if TYPE_CHECKING:
-    from .watcher import MemoryWatcher
+    from ._watcher import MemoryWatcher
 
 __all__ = [
     "DEFAULT_POLICY",

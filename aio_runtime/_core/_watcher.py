@@ -46,10 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ._completion import Completion
+from ._log import get_logger
 from ._loop import loop_hooks
-from .completion import Completion
-from .log import get_logger
-from .waits import differs
+from ._waits import differs
 
 __all__ = ["MemoryWatcher", "Watch", "WatcherStatistics", "WatcherStopped"]
 
