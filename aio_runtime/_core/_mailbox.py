@@ -3,9 +3,9 @@
 A mailbox is three registers: the host clears the response register, writes the argument, writes
 the message id, then waits for firmware to put a response code in the response register. Sends
 are serialised per mailbox (the registers are shared state). A response that is not success raises
-:class:`~aio_runtime.errors.FirmwareError` as soon as it is read — the firmware has answered, so
+:class:`~aio_runtime.FirmwareError` as soon as it is read — the firmware has answered, so
 there is nothing left to wait for — and no response within the timeout raises
-:class:`~aio_runtime.errors.FirmwareTimeout`.
+:class:`~aio_runtime.FirmwareTimeout`.
 
 Registers are reached through a :class:`RegisterFile`: async reads and writes, because over a
 USB-PCIe bridge every register access is itself a transfer. :class:`MemoryRegisters` backs one with

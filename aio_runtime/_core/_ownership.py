@@ -3,7 +3,7 @@
 :class:`Stages` acquires resources one stage after another (reserve address space, allocate
 memory, map it, register it…). If a later stage fails, the earlier ones are released in reverse
 order — all of them, even when one release fails — and every release failure is reported
-(:class:`~aio_runtime.errors.RollbackFailed`). Releases run shielded from cancellation and under
+(:class:`~aio_runtime.RollbackFailed`). Releases run shielded from cancellation and under
 their own deadline, so a frame whose budget ran out still cleans up, and a hung release cannot hang
 the caller.
 

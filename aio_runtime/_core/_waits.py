@@ -4,23 +4,23 @@ Every wait in the project comes through here, so every wait has the same semanti
 
 * it is bounded — by its own ``timeout``, by the enclosing :func:`~aio_runtime.deadline_scope`, or
   by both (the earlier wins); with neither it is refused with
-  :class:`~aio_runtime.errors.UnboundedWaitError` before anything is awaited;
+  :class:`~aio_runtime.UnboundedWaitError` before anything is awaited;
 * it fails with a typed error: the wait's own ``error`` class (a
-  :class:`~aio_runtime.errors.HardwareTimeout` subclass) when its own timeout ran out, or
-  :class:`~aio_runtime.errors.BudgetExhausted` when the enclosing scope's budget did — each carrying
+  :class:`~aio_runtime.HardwareTimeout` subclass) when its own timeout ran out, or
+  :class:`~aio_runtime.BudgetExhausted` when the enclosing scope's budget did — each carrying
   the layer, what was awaited, the timeout, the elapsed time and expected/observed values;
 * cancelling it (or timing out) removes the waiter: nothing stays registered.
 
 Entry points, all built on one :class:`WaitBound`:
 
 * :func:`wait_complete` — for something a callback completes (a
-  :class:`~aio_runtime.completion.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
+  :class:`~aio_runtime.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
   that is still in flight when the wait ends is asked to stop and its completion is awaited,
   shielded and bounded, before the wait returns (so its buffers are not reused under it).
 * :func:`wait_until` — for a probe that must satisfy a predicate. A probe is a plain read (a memory
   word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
-  :class:`~aio_runtime.watcher.MemoryWatcher` thread when sub-millisecond detection matters.
+  :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters.
 * :class:`WaitBound` — one bound over a sequence of steps (take a lock, write registers, poll a
   response): create it once, pass ``within=bound`` to the waits of the sequence and run its other
   steps with :meth:`WaitBound.run`, so the whole sequence shares one deadline and one error.
@@ -71,7 +71,7 @@ class PollPolicy:
     sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``. Spins
     are counted, not timed, so a spin cannot run forever under a virtual clock. asyncio's selector
     rounds sleeps up to whole milliseconds; for sub-millisecond detection of a memory word use a
-    :class:`~aio_runtime.watcher.MemoryWatcher` instead.
+    :class:`~aio_runtime.MemoryWatcher` instead.
     """
 
     spin: int = 4
@@ -127,7 +127,7 @@ class WaitBound:
     scope, whichever comes first, and the error to raise when it is reached.
 
     Created when the wait (or the sequence) starts; it is refused at once
-    (:class:`~aio_runtime.errors.UnboundedWaitError`) with neither a timeout nor a scope. Each step
+    (:class:`~aio_runtime.UnboundedWaitError`) with neither a timeout nor a scope. Each step
     of a sequence runs under it — a wait with ``within=bound``, anything else with :meth:`run` —
     and a timeout reports the step in progress, with the sequence's timeout and elapsed time.
     """

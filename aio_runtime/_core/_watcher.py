@@ -20,7 +20,7 @@ that wants it) to buy latency. Give a watcher for long jobs (a model run of seve
 ``spin=0``. The spin yields with ``sched_yield``, not ``time.sleep(0)``: see :func:`_yield_thread`.
 
 Use it through :func:`aio_runtime.wait_until` (``watcher=...``) or a
-:class:`~aio_runtime.signals.TimelineSignal` built with one; both remove the watch when the wait
+:class:`~aio_runtime.TimelineSignal` built with one; both remove the watch when the wait
 ends for any reason, and once a watch is removed its probe is never called again (sweeps run under
 the watcher's lock), so the memory behind it may be released. A probe or predicate that raises
 fails its own waiter only; if the thread itself stops, every pending waiter fails with

@@ -7,7 +7,7 @@ deterministically, without waiting.
 
 This is safe when everything that can wake a task lives on the event loop: timers, tasks, and
 simulated hardware driven by them. Work on other threads (worker threads, a
-:class:`~aio_runtime.watcher.MemoryWatcher`) does not hold the clock back: by the time a thread
+:class:`~aio_runtime.MemoryWatcher`) does not hold the clock back: by the time a thread
 finishes, a deadline may have been jumped past. ``autojump_threshold`` (real seconds) makes the loop
 wait that long for I/O or a thread before jumping, as trio's ``MockClock`` does — on asyncio at most
 until the next timer, which then fires when it would in real time (timers shorter than the threshold
