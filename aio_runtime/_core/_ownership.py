@@ -117,7 +117,7 @@ def current_ledger() -> Ledger:
     return _ledger.get(_process_ledger)
 
 
-def _swap_process_ledger(ledger: Ledger) -> Ledger:
+def swap_process_ledger(ledger: Ledger) -> Ledger:
     """Replace the process-wide ledger (the pytest ``ledger`` fixture); returns the previous one."""
     global _process_ledger
     previous, _process_ledger = _process_ledger, ledger

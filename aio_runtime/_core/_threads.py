@@ -31,7 +31,7 @@ from ._clock import validate_timeout
 from ._completion import Completion
 from ._errors import HardwareTimeout, Layer
 from ._ownership import LedgerKind, current_ledger
-from ._waits import WaitBound, _resolve, wait_complete
+from ._waits import WaitBound, resolve_bound, wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 
@@ -56,7 +56,9 @@ class PendingCall:
                 self._work = None  # what it would have used is released now, not when reached
             return not self._started
 
-    def _run(self) -> None:  # on the worker thread
+    def run(self) -> None:
+        """Run the call unless it was withdrawn. The worker thread calls it when the call's turn
+        comes; from then on :meth:`withdraw` returns False."""
         with self._lock:
             work, self._started = self._work, self._work is not None
         if work is not None:
@@ -89,7 +91,7 @@ class WorkerThread:
         if self.cpus is not None:
             os.sched_setaffinity(0, self.cpus)  # this thread's
         for call in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
-            call._run()
+            call.run()
 
     def close(self) -> None:
         if self._thread is not None:
@@ -116,7 +118,7 @@ async def run_in_thread(
 
     The bound is checked before the thread starts: a call the runtime refuses never runs.
     """
-    bound = _resolve(within, timeout, awaited, error, layer)
+    bound = resolve_bound(within, timeout, awaited, error, layer)
     validate_timeout(drain_timeout, what="drain_timeout")
     done: Completion[T] = Completion()
     setter = done.threadsafe_setter()

@@ -212,13 +212,15 @@ class WaitBound:
         )
 
 
-def _resolve(
+def resolve_bound(
     within: WaitBound | None,
     timeout: float | None,
     awaited: str,
     error: type[HardwareTimeout] | None,
     layer: Layer | None,
 ) -> WaitBound:
+    """The bound a wait runs under: the shared one it was given (``within=``), or its own, made
+    now. Shared by the core's waits (here and :func:`~aio_runtime.run_in_thread`)."""
     if within is not None:
         if timeout is not None:
             raise TypeError("pass either timeout= or within=, not both")
@@ -303,7 +305,7 @@ async def wait_complete(
     loop pass) stands: its result is returned, not discarded. What the operation delivers while it is
     being stopped only returns ownership of its buffers; the wait has timed out.
     """
-    bound = _resolve(within, timeout, awaited, error, layer)
+    bound = resolve_bound(within, timeout, awaited, error, layer)
     bound.note(awaited)
     limit = validate_timeout(drain_timeout, what="drain_timeout")
     assert limit is not None
@@ -389,7 +391,7 @@ async def wait_until(
     """
     if reset_on_progress and within is not None:
         raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
-    bound = _resolve(within, timeout, awaited, error, layer)
+    bound = resolve_bound(within, timeout, awaited, error, layer)
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
         return await _wait_watched(
