@@ -60,7 +60,9 @@ from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
 from ._core._threads import PendingCall, WorkerThread, run_in_thread
 from ._core._waits import (
     DEFAULT_POLICY,
+    BoundArgs,
     PollPolicy,
+    ProbeArgs,
     WaitBound,
     drain,
     pause,
@@ -77,6 +79,7 @@ __all__ = [
     "AvailabilityMachine",
     "AvailabilityState",
     "Backoff",
+    "BoundArgs",
     "BudgetExhausted",
     "CameraTimeout",
     "Completion",
@@ -100,6 +103,7 @@ __all__ = [
     "Owned",
     "PcieRequestTimeout",
     "PollPolicy",
+    "ProbeArgs",
     "Range",
     "RangeAllocator",
     "Readiness",

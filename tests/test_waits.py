@@ -418,6 +418,14 @@ async def test_within_excludes_timeout_and_error_is_required_without_it():
         await wait_until(lambda: 1, bool, awaited="x", within=bound, reset_on_progress=True)
 
 
+@pytest.mark.parametrize("misspelled", [{"timout": 1.0}, {"eror": SignalTimeout}])
+async def test_a_misspelled_bound_keyword_is_refused(misspelled):
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        await wait_complete(Completion(), awaited="x", timeout=1.0, **misspelled)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        await wait_until(lambda: 0, bool, awaited="x", timeout=1.0, **misspelled)
+
+
 async def test_a_sequence_stuck_after_a_finished_step_does_not_blame_that_step():
     async with virtual_time():
         bound = WaitBound(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=1.0)

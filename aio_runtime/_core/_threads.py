@@ -25,13 +25,12 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Collection
-from typing import TypeVar
+from typing import TypeVar, Unpack
 
 from ._clock import validate_timeout
 from ._completion import Completion
-from ._errors import HardwareTimeout, Layer
 from ._ownership import LedgerKind, current_ledger
-from ._waits import WaitBound, resolve_bound, wait_complete
+from ._waits import BoundArgs, resolve_bound, wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 
@@ -105,20 +104,19 @@ def _no_stop_request() -> None:
 async def run_in_thread(
     fn: Callable[[], T],
     *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
     cancel: Callable[[], object] | None = None,
     drain_timeout: float = 1.0,
     worker: WorkerThread | None = None,
+    **bounding: Unpack[BoundArgs],
 ) -> T:
     """Run ``fn()`` on a worker thread and return its result (or raise its exception).
 
-    The bound is checked before the thread starts: a call the runtime refuses never runs.
+    Bounded by its :class:`~aio_runtime.BoundArgs` (``awaited``, and ``error``/``timeout``/``layer``
+    or ``within``), as every wait is. The bound is checked before the thread starts: a call the
+    runtime refuses never runs.
     """
-    bound = resolve_bound(within, timeout, awaited, error, layer)
+    bound = resolve_bound(**bounding)
+    awaited = bounding["awaited"]
     validate_timeout(drain_timeout, what="drain_timeout")
     done: Completion[T] = Completion()
     setter = done.threadsafe_setter()

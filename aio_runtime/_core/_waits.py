@@ -11,7 +11,8 @@ Every wait in the project comes through here, so every wait has the same semanti
   the layer, what was awaited, the timeout, the elapsed time and expected/observed values;
 * cancelling it (or timing out) removes the waiter: nothing stays registered.
 
-Entry points, all built on one :class:`WaitBound`:
+Entry points, all built on one :class:`WaitBound` and bounded by the same keywords
+(:class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or ``within``):
 
 * :func:`wait_complete` — for something a callback completes (a
   :class:`~aio_runtime.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
@@ -37,7 +38,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Required, TypedDict, TypeVar, Unpack, overload
 
 import anyio
 import anyio.lowlevel
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_POLICY",
     "PollPolicy",
+    "BoundArgs",
+    "ProbeArgs",
     "WaitBound",
     "drain",
     "pause",
@@ -212,15 +215,30 @@ class WaitBound:
         )
 
 
+class BoundArgs(TypedDict, total=False):
+    """The keywords that bound a wait (:func:`wait_complete`, :func:`wait_until`,
+    :func:`~aio_runtime.run_in_thread`): ``awaited``, what the wait is for, and either its own bound
+    — ``error`` (the :class:`~aio_runtime.HardwareTimeout` subclass it raises), ``timeout`` and
+    ``layer`` (by default the error's), as :class:`WaitBound` takes them — or ``within``, a bound
+    it shares with the other steps of a sequence."""
+
+    awaited: Required[str]
+    error: type[HardwareTimeout] | None
+    timeout: float | None
+    layer: Layer | None
+    within: WaitBound | None
+
+
 def resolve_bound(
-    within: WaitBound | None,
-    timeout: float | None,
+    *,
     awaited: str,
-    error: type[HardwareTimeout] | None,
-    layer: Layer | None,
+    error: type[HardwareTimeout] | None = None,
+    timeout: float | None = None,
+    layer: Layer | None = None,
+    within: WaitBound | None = None,
 ) -> WaitBound:
-    """The bound a wait runs under: the shared one it was given (``within=``), or its own, made
-    now. Shared by the core's waits (here and :func:`~aio_runtime.run_in_thread`)."""
+    """The bound a wait runs under, from its :class:`BoundArgs`: the shared one it was given
+    (``within=``), or its own, made now."""
     if within is not None:
         if timeout is not None:
             raise TypeError("pass either timeout= or within=, not both")
@@ -282,19 +300,16 @@ def _mark_in_flight(exc: BaseException, limit: float) -> None:
 async def wait_complete(
     completion: Waitable[T],
     *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
     cancel: Callable[[], object] | None = None,
     drain_timeout: float = 1.0,
+    **bounding: Unpack[BoundArgs],
 ) -> T:
     """Wait for a callback to complete ``completion`` and return its result.
 
-    Raises ``error`` (its own timeout ran out) or :class:`BudgetExhausted` (the enclosing scope's
-    did). An exception the completion carries is re-raised as is. A completion that is already done
-    returns at once, even with no time left.
+    Bounded by its :class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or
+    ``within``. Raises ``error`` (its own timeout ran out) or :class:`BudgetExhausted` (the
+    enclosing scope's did). An exception the completion carries is re-raised as is. A completion
+    that is already done returns at once, even with no time left.
 
     ``cancel``: when the wait ends without the completion (timeout, budget or cancellation of the
     waiting task), call ``cancel()`` to ask the operation to stop (cancel a USB transfer, terminate
@@ -305,8 +320,8 @@ async def wait_complete(
     loop pass) stands: its result is returned, not discarded. What the operation delivers while it is
     being stopped only returns ownership of its buffers; the wait has timed out.
     """
-    bound = resolve_bound(within, timeout, awaited, error, layer)
-    bound.note(awaited)
+    bound = resolve_bound(**bounding)
+    bound.note(bounding["awaited"])
     limit = validate_timeout(drain_timeout, what="drain_timeout")
     assert limit is not None
     if _already_done(completion):
@@ -326,37 +341,24 @@ async def wait_complete(
     raise timed_out
 
 
+class ProbeArgs(BoundArgs, total=False):
+    """The keywords of :func:`wait_until`: its :class:`BoundArgs`, and how the probe is read."""
+
+    expected: object
+    policy: PollPolicy
+    reset_on_progress: bool
+    watcher: MemoryWatcher | None
+
+
 @overload
 async def wait_until(
-    probe: Callable[[], Awaitable[T]],
-    predicate: Callable[[T], bool],
-    *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
-    expected: object = None,
-    policy: PollPolicy = DEFAULT_POLICY,
-    reset_on_progress: bool = False,
-    watcher: MemoryWatcher | None = None,
+    probe: Callable[[], Awaitable[T]], predicate: Callable[[T], bool], **options: Unpack[ProbeArgs]
 ) -> T: ...
 
 
 @overload
 async def wait_until(
-    probe: Callable[[], T],
-    predicate: Callable[[T], bool],
-    *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
-    expected: object = None,
-    policy: PollPolicy = DEFAULT_POLICY,
-    reset_on_progress: bool = False,
-    watcher: MemoryWatcher | None = None,
+    probe: Callable[[], T], predicate: Callable[[T], bool], **options: Unpack[ProbeArgs]
 ) -> T: ...
 
 
@@ -364,18 +366,16 @@ async def wait_until(
     probe: Callable[[], Any],
     predicate: Callable[[Any], bool],
     *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
     expected: object = None,
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
     watcher: MemoryWatcher | None = None,
+    **bounding: Unpack[BoundArgs],
 ) -> Any:
     """Read ``probe`` until ``predicate(value)`` holds; return that value.
 
+    Bounded by its :class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or
+    ``within``.
     ``probe`` is a plain read or returns an awaitable (an async register read). The probe is read
     at least once, so a condition that already holds returns even with no time left. The last value
     read is reported as ``observed`` on timeout, ``expected`` as given. A plain read is taken once
@@ -389,9 +389,10 @@ async def wait_until(
     ``watcher``: probe on that watcher's thread instead of the loop (``probe`` must then be a plain
     read); the waiting task is woken thread-safely.
     """
-    if reset_on_progress and within is not None:
+    if reset_on_progress and bounding.get("within") is not None:
         raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
-    bound = resolve_bound(within, timeout, awaited, error, layer)
+    bound = resolve_bound(**bounding)
+    awaited = bounding["awaited"]
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
         return await _wait_watched(
