@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from types import TracebackType
 from typing import Self
 
 __all__ = ["AsyncResource"]
@@ -23,12 +22,7 @@ class AsyncResource(metaclass=ABCMeta):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     @abstractmethod

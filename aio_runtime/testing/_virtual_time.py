@@ -80,7 +80,7 @@ class _AutojumpSelector:
 
     def __init__(
         self,
-        inner: Any,
+        inner: selectors.BaseSelector,
         counter: _Counter,
         autojump_threshold: float,
         hold: Callable[[], bool] | None = None,
@@ -107,19 +107,19 @@ class _AutojumpSelector:
         if not events:
             self._gave_way = True  # nothing woke the loop: do not wait for this hold again
             return None
-        return events  # type: ignore[no-any-return]
+        return events
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             # No timer pending: only I/O or another thread can wake the loop. Block for it.
-            return self._inner.select(None)  # type: ignore[no-any-return]
+            return self._inner.select(None)
         if timeout > 0:
             held = self._held()
             if held is not None:
                 return held
         events = self._inner.select(0 if timeout <= 0 else min(self._threshold, timeout))
         if events or timeout <= 0:
-            return events  # type: ignore[no-any-return]
+            return events
         self._counter.jump(timeout)
         return []
 
