@@ -217,10 +217,10 @@ class WaitBound:
 
 class BoundArgs(TypedDict, total=False):
     """The keywords that bound a wait (:func:`wait_complete`, :func:`wait_until`,
-    :func:`~aio_runtime.run_in_thread`): ``awaited``, what the wait is for, and either its own bound
-    — ``error`` (the :class:`~aio_runtime.HardwareTimeout` subclass it raises), ``timeout`` and
-    ``layer`` (by default the error's), as :class:`WaitBound` takes them — or ``within``, a bound
-    it shares with the other steps of a sequence."""
+    :func:`~aio_runtime.wait_register`, :func:`~aio_runtime.run_in_thread`): ``awaited``, what the
+    wait is for, and either its own bound — ``error`` (the :class:`~aio_runtime.HardwareTimeout`
+    subclass it raises), ``timeout`` and ``layer`` (by default the error's), as :class:`WaitBound`
+    takes them — or ``within``, a bound it shares with the other steps of a sequence."""
 
     awaited: Required[str]
     error: type[HardwareTimeout] | None
