@@ -4,7 +4,7 @@ the owner runs.
 There is no sticky error and no silent giving up: after each failure the supervisor tears the
 session down (leaving its ``async with`` block), waits an exponentially growing delay up to a cap,
 and opens a fresh session; past the cap it keeps trying at the cap. Every attempt and every failure
-is reported to an :class:`~aio_runtime.health.AvailabilityMachine` as ``UNAVAILABLE`` with a reason,
+is reported to an :class:`~aio_runtime.AvailabilityMachine` as ``UNAVAILABLE`` with a reason,
 and counted in :meth:`Supervisor.statistics`. Only the owner ends supervision, by cancelling it;
 a session's ``run`` returning normally means its work is finished, and :meth:`Supervisor.run`
 returns too.
@@ -21,10 +21,10 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from .clock import now, validate_timeout
-from .health import AvailabilityMachine, Reason
-from .log import get_logger
-from .waits import pause
+from ._clock import now, validate_timeout
+from ._health import AvailabilityMachine, Reason
+from ._log import get_logger
+from ._waits import pause
 
 __all__ = ["Backoff", "Supervisor", "SupervisorStatistics"]
 

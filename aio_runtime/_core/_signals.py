@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import HardwareTimeout, Layer, SignalTimeout
-from .waits import DEFAULT_POLICY, PollPolicy, wait_until
-from .watcher import MemoryWatcher
+from ._errors import HardwareTimeout, Layer, SignalTimeout
+from ._waits import DEFAULT_POLICY, PollPolicy, wait_until
+from ._watcher import MemoryWatcher
 
 __all__ = ["Fence", "TimelineSignal"]
 
@@ -91,7 +91,7 @@ class TimelineSignal:
         """Wait until the signal reaches ``target``; return the value observed.
 
         Raises the signal's ``error`` (:class:`SignalTimeout` by default) with expected ``target``
-        and the last observed value, or :class:`~aio_runtime.errors.BudgetExhausted` when an
+        and the last observed value, or :class:`~aio_runtime.BudgetExhausted` when an
         enclosing deadline scope ran out first.
         """
         if not 0 <= target <= _MAX64:
