@@ -7,13 +7,12 @@ others, and nothing else: no file is opened, the machine is not asked. What depe
 :meth:`ServiceConfig.check_environment`, which the service calls as it starts and ``aio-dms run``
 calls before it starts anything. A setting with a text form (the camera, the faults, the
 calibration, the model's CPUs) may be given as that text: it is parsed once, as the config is made.
-``aio-dms run``'s options are generated from the same declarations (:func:`add_arguments`,
-:func:`from_arguments`), so each setting is settable there and ``--help`` shows its default.
+``aio-dms run``'s options are generated from the same declarations
+(:mod:`pipelines.dms.run`), so each setting is settable there and ``--help`` shows its default.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
 import math
@@ -34,8 +33,6 @@ __all__ = [
     "ServiceConfig",
     "Setting",
     "Synthetic",
-    "add_arguments",
-    "from_arguments",
     "parse_camera",
     "settings",
 ]
@@ -198,7 +195,7 @@ class ServiceConfig:
         "sim: the model on the simulated accelerator; cpu: onnxruntime on the CPU",
         parse=_device,
         check=lambda value: None if value in tuple(DeviceKind) else "must be 'sim' or 'cpu'",
-        choices=tuple(DeviceKind),
+        choices=tuple(kind.value for kind in DeviceKind),
     )
     budget: float = setting(
         0.050,
@@ -381,61 +378,3 @@ def settings() -> Iterator[tuple[dataclasses.Field[Any], Setting]]:
     """Every field of :class:`ServiceConfig` with its declaration, in order."""
     for item in dataclasses.fields(ServiceConfig):
         yield item, item.metadata["setting"]
-
-
-# --- the command line --------------------------------------------------------------------------
-
-
-def _flag(item: dataclasses.Field[Any], declared: Setting) -> str:
-    return declared.flag if declared.flag is not None else "--" + item.name.replace("_", "-")
-
-
-def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
-    if declared.command_line_default is not None:
-        return declared.command_line_default
-    if declared.shown is not None:
-        return declared.shown
-    defaults = [getattr(_DEFAULTS, name) for name in declared.together or (item.name,)]
-    return " ".join(str(value) for value in defaults)
-
-
-_METAVARS: dict[object, str] = {float: "SECONDS", int: "N"}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One option per setting, its default shown."""
-    for item, declared in settings():
-        flag = _flag(item, declared)
-        if not flag:
-            continue  # set through another setting's flag
-        text = f"{declared.help} (default: {_shown(item, declared)})"
-        if item.type == "bool":
-            parser.add_argument(flag, dest=item.name, action="store_true", help=text)
-            continue
-        parser.add_argument(
-            flag,
-            dest=item.name,
-            default=declared.command_line_default,
-            metavar=declared.metavar or _METAVARS.get(declared.parse, None),
-            choices=declared.choices,
-            nargs=len(declared.together) if declared.together else None,
-            help=text,
-        )
-
-
-def from_arguments(args: argparse.Namespace) -> ServiceConfig:
-    """The config the parsed options say (the ones not given keep their defaults);
-    :class:`ValueError` for a value that does not parse or check."""
-    given: dict[str, Any] = {}
-    for item, declared in settings():
-        value = getattr(args, item.name, None)
-        if value is None or value is False:
-            continue
-        if declared.together:
-            given.update(zip(declared.together, value, strict=True))
-        else:
-            given[item.name] = value
-    return ServiceConfig(**given)
-
-
-_DEFAULTS = ServiceConfig()

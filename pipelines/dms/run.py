@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 from typing import Any
@@ -11,22 +12,69 @@ import anyio
 
 from aio_runtime import configure_logging
 
-from .config import add_arguments as add_settings
-from .config import from_arguments
+from .config import ServiceConfig, Setting, settings
 from .service import DmsService, Summary
 
-__all__ = ["add_arguments", "format_summary", "run"]
+__all__ = ["add_arguments", "config_from", "format_summary", "run"]
+
+_DEFAULTS = ServiceConfig()
+_METAVARS: dict[object, str] = {float: "SECONDS", int: "N"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``aio-dms run``'s options: one per setting of the service, and the log format."""
-    add_settings(parser)
+    """``aio-dms run``'s options: one per setting of the service (generated from its
+    declaration, its default shown), and the log format."""
+    for item, declared in settings():
+        flag = _flag(item, declared)
+        if not flag:
+            continue  # set through another setting's flag
+        text = f"{declared.help} (default: {_shown(item, declared)})"
+        if item.type == "bool":
+            parser.add_argument(flag, dest=item.name, action="store_true", help=text)
+            continue
+        parser.add_argument(
+            flag,
+            dest=item.name,
+            default=declared.command_line_default,
+            metavar=declared.metavar or _METAVARS.get(declared.parse, None),
+            choices=declared.choices,
+            nargs=len(declared.together) if declared.together else None,
+            help=text,
+        )
     parser.add_argument(
         "--log-format",
         choices=("console", "json"),
         default="console",
         help="how log events are written to standard error (default: console)",
     )
+
+
+def config_from(args: argparse.Namespace) -> ServiceConfig:
+    """The config the parsed options say (the ones not given keep their defaults);
+    :class:`ValueError` for a value that does not parse or check."""
+    given: dict[str, Any] = {}
+    for item, declared in settings():
+        value = getattr(args, item.name, None)
+        if value is None or value is False:
+            continue
+        if declared.together:
+            given.update(zip(declared.together, value, strict=True))
+        else:
+            given[item.name] = value
+    return ServiceConfig(**given)
+
+
+def _flag(item: dataclasses.Field[Any], declared: Setting) -> str:
+    return declared.flag if declared.flag is not None else "--" + item.name.replace("_", "-")
+
+
+def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
+    if declared.command_line_default is not None:
+        return declared.command_line_default
+    if declared.shown is not None:
+        return declared.shown
+    defaults = [getattr(_DEFAULTS, name) for name in declared.together or (item.name,)]
+    return " ".join(str(value) for value in defaults)
 
 
 def format_summary(summary: Summary) -> str:
@@ -58,7 +106,7 @@ def format_summary(summary: Summary) -> str:
 def run(args: argparse.Namespace, *, out: Any = None) -> int:
     configure_logging(args.log_format, stream=sys.stderr)
     try:
-        config = from_arguments(args)
+        config = config_from(args)
         config.check_environment()
     except ValueError as exc:
         print(f"aio-dms run: {exc}", file=sys.stderr)

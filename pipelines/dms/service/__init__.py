@@ -16,9 +16,9 @@ faults (``_faults``), CPU placement (``_platform``). Every default lives in
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator
+from contextlib import AbstractContextManager
 from types import TracebackType
 
 import anyio
@@ -29,12 +29,11 @@ from aio_runtime import CameraTimeout, Transition, run_in_thread
 from transports.sim import FaultPlan
 
 from ..camera import Frame
-from ..camera_sources import CalibrationSample, open_camera
+from ..camera_sources import CalibrationSample
 from ..camera_synthetic import SyntheticCalibration
 from ..config import ServiceConfig
-from ..endpoints import HealthState, Metrics, create_app, serve
+from ..endpoints import HealthState, create_app, serve
 from ..messages import DriverStateV2, readiness_record
-from ..publish import JsonLinesSink, Sink, Subscriptions, ZmqSink
 from ._backends import TransportOpener
 from ._calibration import CalibrationState
 from ._device import ModelDevice
@@ -42,7 +41,7 @@ from ._faults import ServiceFaults
 from ._outcomes import FrameOutcomes, Summary
 from ._platform import loop_kept_off
 from ._policy import FramePolicy
-from ._stages import Camera, Decode, Model, Warp, plan_warps, run_stages
+from ._stages import Camera, Decode, Model, Warp, Warpers, plan_warps, run_stages
 
 __all__ = ["DmsService", "Summary"]
 
@@ -68,7 +67,8 @@ class DmsService:
     ) -> None:
         self.config = cfg = config or ServiceConfig()
         self._source = source
-        self._calibration = calibration
+        self._calibration_stream = calibration
+        self._calibration = CalibrationState(stale_after=cfg.calib_stale_after, static=cfg.calib)
         self.policy = FramePolicy(
             budget=cfg.budget,
             gpu_hang_after=cfg.gpu_hang_after,
@@ -76,18 +76,13 @@ class DmsService:
             unavailable_after=cfg.unavailable_after,
         )
         self.availability = self.policy.availability
-        self.metrics = Metrics()
-        self.subscriptions = Subscriptions()
-        self._sinks: list[Sink] = [self.subscriptions]
-        self._plan = FaultPlan()
-        self.device = ModelDevice(cfg, self.availability, plan=self._plan, transport=transport)
+        plan = FaultPlan()  # played by the simulated accelerator in this process, if it is one
+        self._faults = ServiceFaults(cfg.faults, plan if transport is None else None)
+        self.device = ModelDevice(cfg, self.availability, plan=plan, transport=transport)
         self.outcomes = FrameOutcomes(
-            availability=self.availability,
-            metrics=self.metrics,
-            sinks=self._sinks,
-            readiness=lambda: self.device.readiness,
-            raw_predictions=cfg.raw_predictions,
+            self.availability, lambda: self.device.readiness, raw_predictions=cfg.raw_predictions
         )
+        self.metrics = self.outcomes.metrics
         self.health_port: int | None = None
         self._done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -97,12 +92,8 @@ class DmsService:
         return self.outcomes.summary
 
     async def __aenter__(self) -> DmsService:
-        cfg = self.config
-        cfg.check_environment()
-        if cfg.zmq:
-            self._sinks.append(ZmqSink(cfg.zmq))
-        if cfg.jsonl:
-            self._sinks.append(JsonLinesSink(cfg.jsonl))
+        self.config.check_environment()
+        self.outcomes.open_sinks(zmq=self.config.zmq, jsonl=self.config.jsonl)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._run)
@@ -119,70 +110,37 @@ class DmsService:
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
         finally:
-            for sink in self._sinks:
-                sink.close()
+            self.outcomes.close_sinks()
 
     async def finished(self) -> Summary:
         await self._done.wait()
         return self.summary
 
     def messages(self, backlog: int = 64) -> AsyncIterator[DriverStateV2]:
-        return self.subscriptions.subscribe(backlog=backlog)
+        return self.outcomes.subscriptions.subscribe(backlog=backlog)
 
-    @contextlib.contextmanager
-    def transitions(self) -> Iterator[MemoryObjectReceiveStream[Transition]]:
-        with self.availability.subscribe() as stream:
-            yield stream
+    def transitions(self) -> AbstractContextManager[MemoryObjectReceiveStream[Transition]]:
+        """``with service.transitions() as stream:``: every availability change, in order,
+        starting with the current state."""
+        return self.availability.subscribe()
 
     def health(self) -> HealthState:
         """Availability, and the readiness layers: the device's, then whether the last frame's
         task completed and its output was valid."""
-        state = self.availability.state
-        return HealthState(
-            state.availability, state.reason, readiness_record(self.device.readiness)
-        )
+        state, layers = self.availability.state, readiness_record(self.device.readiness)
+        return HealthState(state.availability, state.reason, layers)
 
     async def _run(self) -> None:
         cfg, outcomes, policy = self.config, self.outcomes, self.policy
-        calibration = CalibrationState(stale_after=cfg.calib_stale_after, static=cfg.calib)
-        faults = ServiceFaults(cfg.faults, self._plan)
         model_cpus = cfg.placed_cpus()
         try:
             with loop_kept_off(model_cpus) as loop_cpus:
                 async with anyio.create_task_group() as services:
-                    services.start_soon(outcomes.follow_availability)
-                    if cfg.health_port is not None:
-                        app = create_app(self.health, self.metrics)
-                        self.health_port = await services.start(
-                            functools.partial(
-                                serve, app, host=cfg.health_host, port=cfg.health_port
-                            )
-                        )
-                    if cfg.calib is None:
-                        services.start_soon(
-                            calibration.follow, self._calibration or SyntheticCalibration()
-                        )
-                    services.start_soon(self.device.serve, model_cpus)
-                    # One warper per geometry, the cabin cameras' planned before the first frame:
-                    # a resolution change mid-stream then costs no frame its budget.
-                    warpers = await run_in_thread(
-                        plan_warps,
-                        awaited="warp plans",
-                        error=CameraTimeout,
-                        timeout=cfg.warp_plan_timeout,
-                    )
-                    # Frames are wanted once there is a model to run them (a recording replayed
-                    # from its start loses none to the model loading); a model that takes too long
-                    # to come up does not hold the camera back: its frames say so.
-                    with anyio.move_on_after(cfg.model_load_timeout + cfg.device_open_timeout):
-                        await self.device.ready.wait()
-                    source = self._source
+                    warpers = await self._start(services, model_cpus)
                     camera = Camera(
-                        (lambda: source) if source is not None else lambda: open_camera(cfg.camera),
-                        budget=cfg.budget,
-                        frames=cfg.frames,
-                        duration=cfg.duration,
-                        faults=faults,
+                        cfg.camera if self._source is None else self._source,
+                        limits=cfg,
+                        faults=self._faults,
                         policy=policy,
                         outcomes=outcomes,
                     )
@@ -190,17 +148,36 @@ class DmsService:
                     await run_stages(
                         camera,
                         Warp(warpers, cpus=loop_cpus, policy=policy, outcomes=outcomes),
-                        Model(self.device, calibration, policy=policy, outcomes=outcomes),
-                        Decode(
-                            self.device,
-                            calibration,
-                            faults=faults,
-                            policy=policy,
-                            outcomes=outcomes,
-                        ),
+                        Model(self.device, self._calibration, policy=policy, outcomes=outcomes),
+                        Decode(self.device, self._calibration, self._faults, policy, outcomes),
                         outcomes,
                     )
                     services.cancel_scope.cancel()
         finally:
             outcomes.drop_in_flight()  # frames in flight when the service stops: counted
             self._done.set()
+
+    async def _start(
+        self, services: anyio.abc.TaskGroup, model_cpus: frozenset[int] | None
+    ) -> Warpers:
+        """Start what runs beside the frames; return the warpers, once there is a model to run
+        frames (or it takes too long to come up: its frames then say so)."""
+        cfg = self.config
+        services.start_soon(self.outcomes.follow_availability)
+        if cfg.health_port is not None:
+            app = create_app(self.health, self.metrics)
+            health = functools.partial(serve, app, host=cfg.health_host, port=cfg.health_port)
+            self.health_port = await services.start(health)
+        if cfg.calib is None:
+            stream = self._calibration_stream or SyntheticCalibration()
+            services.start_soon(self._calibration.follow, stream)
+        services.start_soon(self.device.serve, model_cpus)
+        # One warper per geometry, the cabin cameras' planned before the first frame: a
+        # resolution change mid-stream then costs no frame its budget.
+        warpers = await run_in_thread(
+            plan_warps, awaited="warp plans", error=CameraTimeout, timeout=cfg.warp_plan_timeout
+        )
+        # A recording replayed from its start loses no frame to the model loading.
+        with anyio.move_on_after(cfg.model_load_timeout + cfg.device_open_timeout):
+            await self.device.ready.wait()
+        return warpers

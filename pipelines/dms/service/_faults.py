@@ -22,12 +22,15 @@ _log = get_logger(__name__)
 
 
 class ServiceFaults:
-    """The script's faults; ``plan``: the simulated accelerator's fault plan, when there is one
-    (device faults need it)."""
+    """The script's faults; ``plan``: the simulated accelerator's fault plan, when the model runs
+    on one in this process (the device's faults need it: :class:`ValueError` otherwise)."""
 
     def __init__(self, script: Iterable[FaultSpec], plan: FaultPlan | None = None) -> None:
         script = tuple(script)
         self._device = [spec for spec in script if spec.device is not None]
+        if self._device and plan is None:
+            names = ", ".join(spec.name for spec in self._device)
+            raise ValueError(f"{names}: accelerator faults need the simulated accelerator")
         self._stalls = [spec for spec in script if spec.service is ServiceFault.CAMERA_STALL]
         self._nan = [spec for spec in script if spec.service is ServiceFault.NAN_OUTPUT]
         self.plan = plan

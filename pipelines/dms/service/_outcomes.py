@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +22,7 @@ from ..channels import FrameAccounting
 from ..decode import DriverStateFields
 from ..endpoints import Metrics
 from ..messages import DriverStateV2, readiness_record
-from ..publish import Sink
+from ..publish import JsonLinesSink, Sink, Subscriptions, ZmqSink
 from ._job import FrameJob
 from ._policy import Verdict
 
@@ -56,17 +56,17 @@ class FrameOutcomes:
 
     def __init__(
         self,
-        *,
         availability: AvailabilityMachine,
-        metrics: Metrics,
-        sinks: Sequence[Sink],
         readiness: Callable[[], Readiness],
+        *,
         raw_predictions: bool = False,
     ) -> None:
         self.availability = availability
-        self.metrics = metrics
+        self.metrics = Metrics()
         self.summary = Summary(FrameAccounting())
-        self._sinks = sinks
+        self.subscriptions = Subscriptions()
+        """The in-process sink: every message, to every subscriber."""
+        self._sinks: list[Sink] = [self.subscriptions]
         self._readiness = readiness
         self._raw_predictions = raw_predictions
         self._in_flight: dict[int, FrameJob] = {}
@@ -74,6 +74,17 @@ class FrameOutcomes:
         self._seq = 0
         self._newest_sof: int | None = None
         """The newest frame's start of frame (ns)."""
+
+    def open_sinks(self, *, zmq: str | None = None, jsonl: str | None = None) -> None:
+        """Publish on ZeroMQ and as JSON lines too (each if given)."""
+        if zmq:
+            self._sinks.append(ZmqSink(zmq))
+        if jsonl:
+            self._sinks.append(JsonLinesSink(jsonl))
+
+    def close_sinks(self) -> None:
+        for sink in self._sinks:
+            sink.close()
 
     # -- frames in -----------------------------------------------------------------------------
 

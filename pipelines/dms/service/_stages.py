@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable
+from typing import Protocol
 
 import anyio
 import numpy as np
@@ -30,8 +31,9 @@ from aio_runtime import (
 )
 
 from ..camera import CABIN_CAMERAS, Frame
-from ..camera_sources import closing
+from ..camera_sources import closing, open_camera
 from ..channels import LatestSlot, SlotClosed
+from ..config import CameraFile, CameraSpec, Synthetic
 from ..model_runner import RunSuperseded
 from ..warp import MODEL_INPUT_SIZE, Warper
 from ._calibration import CalibrationState
@@ -66,26 +68,31 @@ async def run_stages(
         await camera.run(to_warp)
 
 
+class Limits(Protocol):
+    budget: float
+    frames: int | None
+    duration: float | None
+
+
 class Camera:
-    """Frames from the source ``open_source()`` gives into the service, numbered and counted,
-    until the source ends (or ``frames`` or ``duration`` are reached). A source that cannot be
+    """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
+    and counted, until the source ends or the ``limits`` are reached (frames, duration); each
+    frame's deadline is its start of frame plus the ``limits``' budget. A camera that cannot be
     opened, or fails, ends the stream, reported."""
 
     def __init__(
         self,
-        open_source: Callable[[], AsyncIterable[Frame]],
+        source: AsyncIterable[Frame] | CameraSpec,
         *,
-        budget: float,
-        frames: int | None,
-        duration: float | None,
+        limits: Limits,
         faults: ServiceFaults,
         policy: FramePolicy,
         outcomes: FrameOutcomes,
     ) -> None:
-        self.open_source = open_source
-        self.budget = budget
-        self.frames = frames
-        self.duration = duration
+        self.source = source
+        self.budget = limits.budget
+        self.frames = limits.frames
+        self.duration = limits.duration
         self.faults = faults
         self.policy = policy
         self.outcomes = outcomes
@@ -102,7 +109,9 @@ class Camera:
         outbox.close()
 
     async def _frames(self, outbox: Slot) -> None:
-        source = self.open_source()
+        source = self.source
+        if isinstance(source, (Synthetic, CameraFile)):
+            source = open_camera(source)
         started = now()
         number = 0
         async with closing(source):
@@ -312,7 +321,6 @@ class Decode:
         self,
         device: ModelDevice,
         calibration: CalibrationState,
-        *,
         faults: ServiceFaults,
         policy: FramePolicy,
         outcomes: FrameOutcomes,
