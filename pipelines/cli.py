@@ -7,6 +7,8 @@ import json
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = ["main"]
+
 
 def _version() -> str:
     try:

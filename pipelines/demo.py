@@ -42,7 +42,9 @@ from aio_runtime import (
 )
 from aio_runtime.testing import Reply, ScriptedFirmware
 
-_log = get_logger("aio_dms.demo")
+__all__ = ["DemoDevice", "Plan", "Session", "main", "run_demo"]
+
+_log = get_logger(__name__)
 
 SMU = MailboxLayout(message=66, argument=82, response=90)
 ENABLE_ALL_FEATURES = 0x06

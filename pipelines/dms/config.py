@@ -34,6 +34,7 @@ __all__ = [
     "Setting",
     "Synthetic",
     "parse_camera",
+    "setting",
     "settings",
 ]
 
@@ -80,7 +81,7 @@ Calibration = tuple[float, float, float]
 """(roll, pitch, yaw), radians."""
 
 
-def check_calibration(values: Any) -> Calibration:
+def _check_calibration(values: Any) -> Calibration:
     """Three finite numbers (roll, pitch, yaw), or :class:`ValueError` saying so."""
     try:
         flat = np.asarray(values, dtype=np.float64).reshape(-1)
@@ -98,7 +99,7 @@ def _calibration(text: str) -> Calibration:
         values = []
     if len(values) != 3:
         raise ValueError(f"calib {text!r}: expected R,P,Y (three numbers)")
-    return check_calibration(values)
+    return _check_calibration(values)
 
 
 ModelCpus = tuple[int, ...] | Literal["auto"] | None
@@ -334,7 +335,7 @@ class ServiceConfig:
             if problem is not None:
                 raise ValueError(f"{item.name} {problem}, got {value!r}")
         if self.calib is not None:
-            self.calib = check_calibration(self.calib)
+            self.calib = _check_calibration(self.calib)
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
             raise ValueError("accelerator faults need --device sim")
 

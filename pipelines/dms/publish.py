@@ -35,7 +35,7 @@ from .messages import DriverStateV2
 __all__ = ["JsonLinesSink", "Sink", "Subscriptions", "ZmqSink"]
 
 TOPIC = b"driverStateV2"
-_log = get_logger("pipelines.dms.publish")
+_log = get_logger(__name__)
 
 
 class Sink(Protocol):

@@ -1,0 +1,207 @@
+"""Rules about the code's seams: modules of one concern (and of a size to match), the model-backend
+seam the service keeps to, the surface each public module declares, and who may use the test kit."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("aio_runtime", "pipelines")
+
+MAX_LINES = 400
+LONG_MODULES = {
+    "aio_runtime/_core/_waits.py": "the one wait primitive: its bound, its three probe forms "
+    "(typed overloads) and the drain they share are one concept",
+    "pipelines/dms/camera.py": "a frame and what defines it: the NV12 layout rule and the two "
+    "cabin cameras' geometry, each needed to check a frame",
+}
+"""Modules allowed past :data:`MAX_LINES`, each with its reason (three at the most)."""
+
+SERVICE = "pipelines/dms/service/"
+BACKENDS = "pipelines/dms/service/_backends.py"
+BACKEND_CLASSES = {"CpuBackend", "AcceleratorBackend", "OnnxRunner", "AcceleratorRunner"}
+
+TEST_KIT_USERS = {
+    "pipelines/demo.py": "the demonstration plays scripted firmware, which the kit ships",
+}
+"""Modules outside the test kit that may import it, each with its reason."""
+
+
+def sources(package: str) -> Iterator[tuple[str, str]]:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), path.read_text()
+
+
+def long_modules(package: str, limit: int = MAX_LINES) -> dict[str, int]:
+    return {
+        path: len(text.splitlines())
+        for path, text in sources(package)
+        if len(text.splitlines()) > limit
+    }
+
+
+def test_no_module_is_longer_than_its_concern_needs():
+    assert len(LONG_MODULES) <= 3
+    found = {path: lines for package in PACKAGES for path, lines in long_modules(package).items()}
+    assert set(found) <= set(LONG_MODULES), {
+        p: n for p, n in found.items() if p not in LONG_MODULES
+    }
+
+
+def test_the_length_scan_counts_lines(tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * 10)
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 11)
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert long_modules("pkg", limit=10) == {"pkg/long.py": 11}
+
+
+def backend_type_checks(tree: ast.AST) -> list[int]:
+    """Lines where ``isinstance``/``issubclass`` tests against a backend or runner class."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "issubclass"):
+            if (
+                len(node.args) == 2
+                and {
+                    n.id if isinstance(n, ast.Name) else n.attr
+                    for n in ast.walk(node.args[1])
+                    if isinstance(n, (ast.Name, ast.Attribute))
+                }
+                & BACKEND_CLASSES
+            ):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_service_tells_backends_apart_by_their_protocol_only():
+    found = [
+        f"{path}:{line}"
+        for path, text in sources("pipelines")
+        if path.startswith(SERVICE)
+        for line in backend_type_checks(ast.parse(text))
+    ]
+    assert not found, f"isinstance on a backend class: {found}"
+
+
+def test_only_the_backend_factory_reads_the_device_kind():
+    readers = [
+        path
+        for path, text in sources("pipelines")
+        if path.startswith(SERVICE) and path != BACKENDS and "DeviceKind" in text
+    ]
+    assert not readers, readers
+
+
+def test_the_backend_scan_finds_type_checks_on_backends():
+    snippet = (
+        "isinstance(model, OnnxRunner)\n"
+        "isinstance(model, (backends.AcceleratorBackend, int))\n"
+        "isinstance(frame, Frame)\n"
+    )
+    assert backend_type_checks(ast.parse(snippet)) == [1, 2]
+
+
+def imports_of(tree: ast.AST, path: str) -> set[str]:
+    """The modules a file imports, relative imports resolved to dotted names."""
+    package = path.removesuffix(".py").replace("/", ".").rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found.add(module)
+            found |= {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_only_tests_and_named_modules_use_the_test_kit():
+    users = {
+        path
+        for package in ("transports", "pipelines")
+        for path, text in sources(package)
+        if any(m.startswith("aio_runtime.testing") for m in imports_of(ast.parse(text), path))
+    }
+    assert users <= set(TEST_KIT_USERS), users - set(TEST_KIT_USERS)
+
+
+def test_the_import_scan_resolves_relative_imports():
+    tree = ast.parse("from ..testing import ScriptedFirmware\nimport anyio.abc\n")
+    assert imports_of(tree, "aio_runtime/_core/_x.py") >= {
+        "aio_runtime.testing",
+        "aio_runtime.testing.ScriptedFirmware",
+        "anyio.abc",
+    }
+
+
+def public_modules(package: str) -> Iterator[ModuleType]:
+    """Every module of a package reachable without an underscore, imported."""
+    names = [package]
+    for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+        if not any(part.startswith("_") for part in info.name.split(".")[1:]):
+            names.append(info.name)
+    for name in names:
+        yield importlib.import_module(name)
+
+
+def declaration_problems(module: ModuleType) -> list[str]:
+    """What a public module's ``__all__`` gets wrong about the classes and functions it defines:
+    one left out, a name listed that it lacks, a name listed twice."""
+    name = module.__name__
+    own = [
+        attribute
+        for attribute, value in vars(module).items()
+        if not attribute.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and value.__module__ == name
+    ]
+    listed = list(getattr(module, "__all__", ()))
+    if not own and not listed:
+        return []
+    if "__all__" not in vars(module):
+        return [f"{name} defines {own} and has no __all__"]
+    return (
+        [
+            f"{name}.__all__ lists {entry} twice"
+            for entry in sorted(set(listed))
+            if listed.count(entry) > 1
+        ]
+        + [
+            f"{name}.__all__ lists {entry}, which it lacks"
+            for entry in listed
+            if not hasattr(module, entry)
+        ]
+        + [f"{name} does not list {entry} in __all__" for entry in own if entry not in listed]
+    )
+
+
+@pytest.mark.parametrize("package", ["pipelines"])
+def test_every_public_module_declares_what_it_defines(package):
+    problems = [
+        problem for module in public_modules(package) for problem in declaration_problems(module)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_declaration_check_finds_each_kind_of_problem():
+    fake = ModuleType("fake")
+    exec("class Probe: pass\ndef wait(): pass\nfrom pathlib import Path\n", fake.__dict__)
+    assert declaration_problems(fake) == ["fake defines ['Probe', 'wait'] and has no __all__"]
+    fake.__all__ = ["Probe", "Probe", "Gone"]
+    assert declaration_problems(fake) == [
+        "fake.__all__ lists Probe twice",
+        "fake.__all__ lists Gone, which it lacks",
+        "fake does not list wait in __all__",
+    ]
+    fake.__all__ = ["Probe", "wait"]  # Path is imported, not defined here
+    assert declaration_problems(fake) == []

@@ -1,0 +1,131 @@
+"""The DMS availability policy on its own: a frame's result in, a report and a verdict out — no
+service, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from aio_runtime import (
+    Availability,
+    BudgetExhausted,
+    CameraTimeout,
+    Layer,
+    Reason,
+    SignalTimeout,
+)
+from aio_runtime.testing import TransitionRecorder
+from pipelines.dms.service._policy import FramePolicy
+
+A, D, U = Availability.AVAILABLE, Availability.DEGRADED, Availability.UNAVAILABLE
+
+
+def policy(**settings) -> FramePolicy:
+    return FramePolicy(
+        **{"budget": 0.05, "gpu_hang_after": 0.1, "recover_after": 2, "unavailable_after": 3}
+        | settings
+    )
+
+
+def over_budget(frame: int = 7) -> BudgetExhausted:
+    return BudgetExhausted(
+        budget=f"frame {frame}",
+        awaited="compute timeline >= 8",
+        timeout=0.05,
+        elapsed=0.05,
+        layer=Layer.GPU_QUEUE,
+    )
+
+
+def good(judge: FramePolicy, frames: int) -> None:
+    for _ in range(frames):
+        judge.decoded(late=-0.01, calibration=None)
+
+
+def test_good_frames_are_valid_once_enough_of_them_came_in_a_row():
+    judge = policy()
+    first = judge.decoded(late=-0.01, calibration=None)
+    assert first.reason is not None and first.reason.kind == "recovering"
+    assert first.reason == "recovering: unavailable (starting)"
+    assert judge.decoded(late=-0.01, calibration=None).reason is None
+    assert judge.availability.state.availability is A
+
+
+def test_a_late_frame_from_a_device_still_making_progress_is_degraded_not_a_restart():
+    judge = policy()
+    good(judge, 2)
+    verdict = judge.over_budget(over_budget(), stalled=0.03)
+    assert verdict.reason is not None and verdict.reason.kind == "frame budget"
+    assert not verdict.restart and verdict.timeouts == ("frame-budget",)
+    assert judge.availability.state.availability is D
+    assert judge.over_budget(over_budget(), stalled=None).restart is False  # no hang detection
+
+
+def test_a_device_without_progress_for_the_hang_bound_is_unavailable_and_restarted():
+    judge = policy()
+    good(judge, 2)
+    verdict = judge.over_budget(over_budget(), stalled=0.1)
+    assert verdict.restart and verdict.timeouts == ("frame-budget", "gpu-queue")
+    assert verdict.reason is not None and verdict.reason.kind == "gpu-queue"
+    assert "no progress for 0.100 s (hung after 0.1 s;" in verdict.reason
+    assert judge.availability.state.availability is U
+
+
+def test_a_hardware_fault_is_unavailable_at_once_under_its_layer():
+    judge = policy()
+    good(judge, 2)
+    fault = SignalTimeout(awaited="compute timeline >= 9", timeout=0.1, elapsed=0.1)
+    verdict = judge.device_fault(fault)
+    assert verdict.restart and verdict.timeouts == ("gpu-queue",)
+    assert (verdict.reason.kind, verdict.reason.detail) == ("gpu-queue", fault.message)
+    assert str(judge.availability.state).startswith("unavailable(gpu-queue: ")
+
+
+def test_isolated_failures_degrade_and_a_run_of_them_is_one_outage():
+    judge = policy(unavailable_after=3)
+    good(judge, 2)
+    with TransitionRecorder(judge.availability) as recorder:
+        reasons = [judge.invalid_output("NaN in face_descs_lhd").reason for _ in range(6)]
+    assert [r.kind for r in reasons] == ["invalid output"] * 2 + ["no valid output"] * 4
+    assert reasons[2] == "no valid output: 3 frames in a row; invalid output: NaN in face_descs_lhd"
+    assert reasons[5].startswith("no valid output: 6 frames in a row; ")
+    # one transition per cause: degraded once, unavailable once, however many frames
+    assert recorder.availabilities() == [A, D, U]
+
+
+def test_a_frame_that_finds_no_model_says_why_and_reports_nothing():
+    judge = policy()
+    good(judge, 2)
+    verdict = judge.no_model("the accelerator is restarting")
+    assert verdict.reason == "model unavailable: the accelerator is restarting"
+    assert not verdict.restart and judge.availability.state.availability is A
+
+
+@pytest.mark.parametrize(
+    ("calibration", "late", "kind"),
+    [
+        ("calibration missing or stale", -0.01, "calibration missing or stale"),
+        (None, 0.004, "frame budget"),
+    ],
+    ids=["stale-calibration", "decoded-late"],
+)
+def test_a_decoded_frame_with_stale_calibration_or_decoded_late_is_degraded(
+    calibration, late, kind
+):
+    judge = policy()
+    good(judge, 2)
+    verdict = judge.decoded(
+        late=late, calibration=None if calibration is None else Reason(calibration)
+    )
+    assert verdict.reason is not None and verdict.reason.kind == kind
+    assert judge.availability.state.availability is D
+
+
+def test_a_stalled_camera_is_unavailable_and_its_failure_keeps_its_own_words():
+    judge = policy()
+    good(judge, 2)
+    stall = CameraTimeout(awaited="a camera frame", timeout=0.25, elapsed=0.25)
+    verdict = judge.camera_stalled(stall)
+    assert verdict.timeouts == ("camera",) and verdict.reason.kind == "camera"
+    judge.camera_stalled(stall)  # the next period: the same cause, the same wording
+    judge.camera_failed("ReplayFormatError: truncated")  # news of its own
+    assert judge.availability.state.reason == "camera: ReplayFormatError: truncated"
