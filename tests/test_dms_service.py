@@ -11,8 +11,8 @@ import re
 import anyio
 import pytest
 
+from aio_runtime import reason_kind
 from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.channels import reason_kind
 from pipelines.dms.config import ServiceConfig
 from pipelines.dms.service import DmsService
 

@@ -49,7 +49,8 @@ class PendingCall:
         self._started = False
 
     def withdraw(self) -> bool:
-        """True if the call had not started and now never will; False once it has started."""
+        """True if the call had not started and now never will (also when it was withdrawn
+        before); False once it has started."""
         with self._lock:
             if not self._started:
                 self._work = None  # what it would have used is released now, not when reached
@@ -107,13 +108,17 @@ async def run_in_thread(
     cancel: Callable[[], object] | None = None,
     drain_timeout: float = 1.0,
     worker: WorkerThread | None = None,
+    submitted: Callable[[PendingCall], object] | None = None,
     **bounding: Unpack[BoundArgs],
 ) -> T:
     """Run ``fn()`` on a worker thread and return its result (or raise its exception).
 
     Bounded by its :class:`~aio_runtime.BoundArgs` (``awaited``, and ``error``/``timeout``/``layer``
     or ``within``), as every wait is. The bound is checked before the thread starts: a call the
-    runtime refuses never runs.
+    runtime refuses never runs. ``submitted`` is called with the :class:`PendingCall` as it is
+    handed to ``worker``: whoever holds it may withdraw the call while it is still queued (the
+    waiting task must then be woken, e.g. by cancelling a scope around it; it gets the
+    withdrawal as its bound's error would come).
     """
     bound = resolve_bound(**bounding)
     awaited = bounding["awaited"]
@@ -141,6 +146,8 @@ async def run_in_thread(
     withdrawn = False
     if worker is not None:
         call = worker.submit(work)
+        if submitted is not None:
+            submitted(call)
 
         def withdraw_or_stop() -> None:
             nonlocal withdrawn

@@ -24,12 +24,11 @@ import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 import anyio
 
-from aio_runtime import CameraTimeout, Layer, WorkerThread, now, run_in_thread
+from aio_runtime import AsyncResource, CameraTimeout, Layer, WorkerThread, now, run_in_thread
 
 from .camera import Frame
 from .config import CameraFile, CameraSpec
@@ -79,7 +78,7 @@ class FrameSource(Protocol):
 T = TypeVar("T")
 
 
-class ClosableStream:
+class ClosableStream(AsyncResource):
     """An async iterator of its own that can be closed, also with ``async with``."""
 
     _closed: bool = False
@@ -93,17 +92,6 @@ class ClosableStream:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class SourceBase(ClosableStream):

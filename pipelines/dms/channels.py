@@ -18,16 +18,11 @@ from typing import Generic, TypeVar
 
 import anyio
 
-__all__ = ["FrameAccounting", "LatestSlot", "SlotClosed", "reason_kind"]
+from aio_runtime import reason_kind
+
+__all__ = ["FrameAccounting", "LatestSlot", "SlotClosed"]
 
 T = TypeVar("T")
-
-
-def reason_kind(reason: str) -> str:
-    """What a reason is about: reasons are written ``"<kind>: <detail>"`` (``"gpu-queue: compute
-    timeline >= 7: timed out after 0.1 s"`` -> ``"gpu-queue"``); one without a colon is its own
-    kind."""
-    return reason.split(": ", 1)[0]
 
 
 class SlotClosed(Exception):
@@ -38,8 +33,8 @@ class LatestSlot(Generic[T]):
     def __init__(self, name: str, on_drop: Callable[[T], object]) -> None:
         self.name = name
         self._on_drop = on_drop
-        self._item: T | None = None
-        self._full = False
+        self._waiting: list[T] = []
+        """The item waiting, if any (at most one)."""
         self._closed = False
         self._wake = anyio.Event()
 
@@ -47,31 +42,24 @@ class LatestSlot(Generic[T]):
         """Offer ``item``; one already waiting is dropped (``on_drop``) in its favour."""
         if self._closed:
             raise SlotClosed(f"{self.name}: closed")
-        if self._full:
-            self._on_drop(self._item)  # type: ignore[arg-type]
-        self._item, self._full = item, True
+        if self._waiting:
+            self._on_drop(self._waiting.pop())
+        self._waiting.append(item)
         self._wake.set()
 
     async def get(self) -> T:
         """The waiting item, or wait for one; :class:`SlotClosed` once closed and empty."""
-        while not self._full:
+        while not self._waiting:
             if self._closed:
                 raise SlotClosed(f"{self.name}: closed")
             self._wake = anyio.Event()
             await self._wake.wait()
-        item = self._item
-        self._item, self._full = None, False
-        return item  # type: ignore[return-value]
+        return self._waiting.pop()
 
     def close(self) -> None:
         """No more items; a consumer still gets the one waiting, then :class:`SlotClosed`."""
         self._closed = True
         self._wake.set()
-
-    def drain(self) -> T | None:
-        """Take the waiting item without waiting (at shutdown: so it can be counted)."""
-        item, self._item, self._full = self._item, None, False
-        return item
 
 
 @dataclass

@@ -178,10 +178,6 @@ class Decoded:
         return cls(fields=None, valid=False, reason=reason)
 
 
-def _floats(values: FloatArray) -> tuple[float, ...]:
-    return tuple(float(v) for v in values)
-
-
 def _bounds(s: slice) -> tuple[int, int] | str:
     """(start, stop) of a contiguous, non-negative slice, or why it is not one."""
     start = 0 if s.start is None else s.start

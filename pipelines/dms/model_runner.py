@@ -28,6 +28,7 @@ wrong input shape, dtype, a calibration that is not finite) — raised before an
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from aio_runtime import (
     InvalidOutput,
     Layer,
     ModelTimeout,
+    PendingCall,
     RuntimeFault,
     WaitBound,
     WorkerThread,
@@ -83,6 +85,20 @@ class ModelRunFailed(RuntimeFault):
     """onnxruntime reported an error for a run it was not asked to stop."""
 
     default_layer = Layer.MODEL
+
+
+@dataclass
+class _Counts:
+    """What :class:`RunnerStatistics` reports, as it is counted (``running``: runs executing)."""
+
+    runs: int = 0
+    completed: int = 0
+    timed_out: int = 0
+    terminated: int = 0
+    failed: int = 0
+    invalid_output: int = 0
+    superseded: int = 0
+    running: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,17 +165,9 @@ class OnnxRunner:
         without waiting for the event loop in between."""
         self._waiting: _Turn | None = None
         """The latest run asked for (still waiting for the thread, or not any more)."""
-        self._counts = {
-            "runs": 0,
-            "completed": 0,
-            "timed_out": 0,
-            "terminated": 0,
-            "failed": 0,
-            "invalid_output": 0,
-            "superseded": 0,
-            "running": 0,
-        }
-        self._count_lock = threading.Lock()  # the terminated count is kept on the worker thread
+        self._counts = _Counts()
+        self._count_lock = threading.Lock()
+        """Held for the counts kept on the runner's thread (and for reading them all)."""
 
     @classmethod
     async def open(
@@ -184,13 +192,9 @@ class OnnxRunner:
 
     def statistics(self) -> RunnerStatistics:
         with self._count_lock:
-            counts = dict(self._counts)
+            counts = dataclasses.asdict(self._counts)
         running = counts.pop("running")
         return RunnerStatistics(**counts, in_flight=running > 0)
-
-    def _count(self, what: str) -> None:
-        with self._count_lock:
-            self._counts[what] += 1
 
     @staticmethod
     def _checked_inputs(
@@ -218,7 +222,7 @@ class OnnxRunner:
         declared = self.contract.declared_output_length
         needed = self.contract.slices_end
         if (declared is not None and flat.size != declared) or flat.size < needed:
-            self._count("invalid_output")
+            self._counts.invalid_output += 1
             expected = declared if declared is not None else f"at least {needed}"
             raise InvalidOutput(
                 f"model output {self._output_name!r} has {flat.size} values; expected {expected}",
@@ -268,87 +272,72 @@ class OnnxRunner:
         feeds = {INPUT_IMG: feed_img, CALIB: vector.copy()}
         options = ort.RunOptions()
         turn = _Turn()
-        if replace_waiting and self._waiting is not None and self._waiting.supersede():
-            self._waiting.scope.cancel()
+        if replace_waiting and self._waiting is not None:
+            self._waiting.supersede()
         self._waiting = turn
 
         def call() -> FloatArray:
-            if not turn.start():
-                raise RunSuperseded(f"{awaited}: replaced by a later run before it started")
-            self._count("runs")
-            self._count("running")
+            with self._count_lock:
+                self._counts.runs += 1
+                self._counts.running += 1
             try:
                 (result,) = self._session.run([self._output_name], feeds, options)
                 return np.array(result, dtype=np.float32).reshape(-1)  # a copy: the caller's
             except Exception as exc:
                 if options.terminate:
-                    self._count("terminated")
+                    with self._count_lock:
+                        self._counts.terminated += 1
                     raise
                 raise ModelRunFailed(f"onnxruntime: {exc}", awaited=awaited) from exc
             finally:
-                turn.end()
                 with self._count_lock:
-                    self._counts["running"] -= 1
+                    self._counts.running -= 1
 
         def terminate() -> None:
             options.terminate = True
 
-        superseded = RunSuperseded(f"{awaited}: replaced by a later run before it started")
         try:
             with turn.scope:
                 flat = await run_in_thread(
                     call,
                     worker=self._worker,
+                    submitted=turn.submitted,
                     awaited=awaited,
                     within=bound,
                     cancel=terminate,
                     drain_timeout=self.drain_timeout,
                 )
-        except (TimeoutError, RunSuperseded):
-            if turn.superseded:  # replaced, whatever woke the wait first (its bound, its thread)
-                self._count("superseded")
-                raise superseded from None
-            self._count("timed_out")
-            raise
+        except TimeoutError:
+            if not turn.superseded:
+                self._counts.timed_out += 1
+                raise
         except ModelRunFailed:
-            self._count("failed")
+            self._counts.failed += 1
             raise
-        if turn.superseded:
-            self._count("superseded")
-            raise superseded
-        self._count("completed")
+        if turn.superseded:  # replaced, whatever woke the wait first (its bound, the withdrawal)
+            self._counts.superseded += 1
+            raise RunSuperseded(f"{awaited}: replaced by a later run before it started") from None
+        self._counts.completed += 1
         return self._checked_output(flat)
 
 
 class _Turn:
-    """One run's place on the runner's thread: waiting, then running — or superseded while it
-    was still waiting (then it never runs)."""
+    """One run's place on the runner's thread. Superseded while it is still queued, it is
+    withdrawn (it never runs) and its caller is woken."""
+
+    __slots__ = ("call", "scope", "superseded")
 
     def __init__(self) -> None:
         self.scope = anyio.CancelScope()
         """Around the caller's wait: cancelled when the run is superseded."""
-        self._lock = threading.Lock()
-        self._state = "waiting"
+        self.call: PendingCall | None = None
+        self.superseded = False
 
-    def supersede(self) -> bool:
-        """On the loop: True if the run was still waiting (it will not run now)."""
-        with self._lock:
-            if self._state == "waiting":
-                self._state = "superseded"
-            return self._state == "superseded"
+    def submitted(self, call: PendingCall) -> None:
+        self.call = call
 
-    @property
-    def superseded(self) -> bool:
-        return self._state == "superseded"
-
-    def start(self) -> bool:
-        """On the runner's thread: False if the run was superseded."""
-        with self._lock:
-            if self._state == "superseded":
-                return False
-            self._state = "running"
-            return True
-
-    def end(self) -> None:
-        with self._lock:
-            self._state = "ended"
+    def supersede(self) -> None:
+        """On the loop: withdraw the run if it has not started (then wake its caller)."""
+        if self.call is not None and self.call.withdraw():
+            self.superseded = True
+            self.scope.cancel()
