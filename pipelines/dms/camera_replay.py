@@ -103,7 +103,25 @@ class RecordHeader:
     data_offset: int
 
 
-class FrameRecorder:
+class _Closing:
+    """``with`` closes it: leaving the block calls :meth:`close`, however it ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class FrameRecorder(_Closing):
     """Writes frames to a recording (blocking file I/O: from async code, see
     :func:`record_frames`). Creates or truncates ``path``; use as a context manager or call
     :meth:`close`."""
@@ -140,16 +158,6 @@ class FrameRecorder:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 async def record_frames(
@@ -183,7 +191,7 @@ async def record_frames(
         worker.close()
 
 
-class RecordingReader:
+class RecordingReader(_Closing):
     """Reads a recording (blocking file I/O). Opening it validates the file header and every
     record header; :meth:`read` returns a record's frame, stamped with its recorded timestamps."""
 
@@ -307,16 +315,6 @@ class RecordingReader:
         with self._lock:
             self._file.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class ReplayCamera(SourceBase):
