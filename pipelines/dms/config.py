@@ -150,6 +150,20 @@ class Setting:
     together: tuple[str, ...] = ()
     """Fields set by this one flag, in order (``--backoff FIRST MAX``)."""
 
+    def accept(self, name: str, value: Any) -> Any:
+        """``value`` for the setting ``name``: parsed if given as text, then checked;
+        :class:`ValueError` saying what was expected."""
+        if self.parse is not None and isinstance(value, str):
+            try:
+                value = self.parse(value)
+            except ValueError as exc:
+                said = str(exc)
+                raise ValueError(said if said.startswith(name) else f"{name}: {said}") from None
+        problem = None if self.check is None else self.check(value)
+        if problem is not None:
+            raise ValueError(f"{name} {problem}, got {value!r}")
+        return value
+
 
 def setting(default: Any, help: str, **how: Any) -> Any:
     """A :class:`ServiceConfig` field: its default and its :class:`Setting`."""
@@ -321,19 +335,7 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         for item, declared in settings():
-            value = getattr(self, item.name)
-            if declared.parse is not None and isinstance(value, str):
-                try:
-                    value = declared.parse(value)
-                except ValueError as exc:
-                    said = str(exc)
-                    raise ValueError(
-                        said if said.startswith(item.name) else f"{item.name}: {said}"
-                    ) from None
-                setattr(self, item.name, value)
-            problem = declared.check(value) if declared.check is not None else None
-            if problem is not None:
-                raise ValueError(f"{item.name} {problem}, got {value!r}")
+            setattr(self, item.name, declared.accept(item.name, getattr(self, item.name)))
         if self.calib is not None:
             self.calib = _check_calibration(self.calib)
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):

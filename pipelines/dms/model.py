@@ -208,29 +208,7 @@ def _check_heads(slices: Mapping[str, slice], length: int | None, output: Tensor
 def contract_from_onnx(model: onnx.ModelProto, path: Path | None = None) -> ModelContract:
     """Read and check the contract of a loaded ONNX model; see :func:`load_contract`."""
     metadata = {prop.key: prop.value for prop in model.metadata_props}
-    graph = model.graph
-    initializers = {init.name for init in graph.initializer}
-    inputs = tuple(_spec(v) for v in graph.input if v.name not in initializers)
-    names = [spec.name for spec in inputs]
-    missing = [name for name in EXPECTED_INPUTS if name not in names]
-    extra = [name for name in names if name not in EXPECTED_INPUTS]
-    if missing or extra:
-        expected = ", ".join(str(spec) for spec in EXPECTED_INPUTS.values())
-        raise ContractMismatch(
-            f"model inputs are {names}; expected exactly {expected}"
-            + (f" (missing {missing})" if missing else "")
-            + (f" (unexpected {extra})" if extra else "")
-        )
-    for spec in inputs:
-        _check_input(spec, EXPECTED_INPUTS[spec.name])
-    if len(graph.output) != 1:
-        raise ContractMismatch(
-            f"model has {len(graph.output)} outputs {[o.name for o in graph.output]}; "
-            "expected one float32 output"
-        )
-    output = _spec(graph.output[0])
-    if output.dtype != "float32":
-        raise ContractMismatch(f"model output {output}; expected a float32 output")
+    inputs, output = _inputs(model.graph), _output(model.graph)
     if "output_slices" not in metadata:
         raise MetadataError(
             "model metadata has no 'output_slices' entry; expected openpilot's base64 pickle of "
@@ -247,6 +225,38 @@ def contract_from_onnx(model: onnx.ModelProto, path: Path | None = None) -> Mode
     )
     _check_heads(slices, contract.declared_output_length, output)
     return contract
+
+
+def _inputs(graph: onnx.GraphProto) -> tuple[TensorSpec, ...]:
+    """The graph's inputs (initializers aside), checked: exactly the two the contract names."""
+    initializers = {init.name for init in graph.initializer}
+    inputs = tuple(_spec(v) for v in graph.input if v.name not in initializers)
+    names = [spec.name for spec in inputs]
+    missing = [name for name in EXPECTED_INPUTS if name not in names]
+    extra = [name for name in names if name not in EXPECTED_INPUTS]
+    if missing or extra:
+        expected = ", ".join(str(spec) for spec in EXPECTED_INPUTS.values())
+        raise ContractMismatch(
+            f"model inputs are {names}; expected exactly {expected}"
+            + (f" (missing {missing})" if missing else "")
+            + (f" (unexpected {extra})" if extra else "")
+        )
+    for spec in inputs:
+        _check_input(spec, EXPECTED_INPUTS[spec.name])
+    return inputs
+
+
+def _output(graph: onnx.GraphProto) -> TensorSpec:
+    """The graph's one output, checked: float32."""
+    if len(graph.output) != 1:
+        raise ContractMismatch(
+            f"model has {len(graph.output)} outputs {[o.name for o in graph.output]}; "
+            "expected one float32 output"
+        )
+    output = _spec(graph.output[0])
+    if output.dtype != "float32":
+        raise ContractMismatch(f"model output {output}; expected a float32 output")
+    return output
 
 
 def load_contract(path: str | Path) -> ModelContract:
