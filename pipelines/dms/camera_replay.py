@@ -159,7 +159,6 @@ class FrameRecorder(_Closing):
             self._file = None
 
 
-
 async def record_frames(
     source: AsyncIterable[Frame],
     path: str | os.PathLike[str],
@@ -314,7 +313,6 @@ class RecordingReader(_Closing):
     def close(self) -> None:
         with self._lock:
             self._file.close()
-
 
 
 class ReplayCamera(SourceBase):

@@ -26,7 +26,6 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from aio_runtime import CameraTimeout, Transition, run_in_thread
-from transports.sim import FaultPlan
 
 from ..camera import Frame
 from ..camera_sources import CalibrationSample
@@ -76,9 +75,8 @@ class DmsService:
             unavailable_after=cfg.unavailable_after,
         )
         self.availability = self.policy.availability
-        plan = FaultPlan()  # played by the simulated accelerator in this process, if it is one
-        self._faults = ServiceFaults(cfg.faults, plan if transport is None else None)
-        self.device = ModelDevice(cfg, self.availability, plan=plan, transport=transport)
+        self.device = ModelDevice(cfg, self.availability, transport=transport)
+        self._faults = ServiceFaults(cfg.faults, self.device.plan)
         self.outcomes = FrameOutcomes(
             self.availability, lambda: self.device.readiness, raw_predictions=cfg.raw_predictions
         )
@@ -149,7 +147,13 @@ class DmsService:
                         camera,
                         Warp(warpers, cpus=loop_cpus, policy=policy, outcomes=outcomes),
                         Model(self.device, self._calibration, policy=policy, outcomes=outcomes),
-                        Decode(self.device, self._calibration, self._faults, policy, outcomes),
+                        Decode(
+                            self.device,
+                            self._calibration,
+                            faults=self._faults,
+                            policy=policy,
+                            outcomes=outcomes,
+                        ),
                         outcomes,
                     )
                     services.cancel_scope.cancel()

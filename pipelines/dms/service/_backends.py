@@ -143,7 +143,7 @@ class Device:
 async def open_device(
     config: ServiceConfig,
     *,
-    plan: FaultPlan,
+    plan: FaultPlan | None = None,
     transport: TransportOpener | None = None,
     model_cpus: frozenset[int] | None = None,
 ) -> AsyncIterator[Device]:
@@ -168,7 +168,7 @@ async def open_device(
         case DeviceKind.SIM if transport is not None:
             yield _accelerator(config, contract, transport)
         case DeviceKind.SIM:
-            async with _simulated(config, path, contract, plan) as in_process:
+            async with _simulated(config, path, contract, plan or FaultPlan()) as in_process:
                 yield _accelerator(config, contract, in_process)
 
 

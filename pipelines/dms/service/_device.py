@@ -67,12 +67,12 @@ class ModelDevice:
         config: ServiceConfig,
         availability: AvailabilityMachine,
         *,
-        plan: FaultPlan,
         transport: TransportOpener | None = None,
     ) -> None:
         self.config = config
         self.availability = availability
-        self._plan = plan
+        self.plan = FaultPlan() if transport is None else None
+        """The simulated accelerator's fault plan, when the model runs on one in this process."""
         self._transport = transport
         self.current: DeviceSession | None = None
         """The session frames run on; None while there is none."""
@@ -95,7 +95,7 @@ class ModelDevice:
         """Open the device (``model_cpus``: a CPU runner's thread's CPUs) and keep a session open
         until cancelled."""
         opened = open_device(
-            self.config, plan=self._plan, transport=self._transport, model_cpus=model_cpus
+            self.config, plan=self.plan, transport=self._transport, model_cpus=model_cpus
         )
         async with opened as device:
             self.decoder = Decoder(device.contract.output_slices)

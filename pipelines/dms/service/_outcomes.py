@@ -94,6 +94,10 @@ class FrameOutcomes:
         self.summary.frames.receive()
         self.metrics.frames_in.inc()
 
+    def camera_failed(self, error: str) -> None:
+        """The camera failed for good (the service then ends): the summary says why."""
+        self.summary.camera_error = error
+
     def stage_done(self, job: FrameJob, stage: str, seconds: float) -> None:
         job.stages[stage] = seconds
         self.metrics.stage_latency.labels(stage=stage).observe(seconds)

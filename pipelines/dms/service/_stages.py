@@ -69,6 +69,9 @@ async def run_stages(
 
 
 class Limits(Protocol):
+    """What bounds the camera's stream: each frame's budget (seconds from its start of frame),
+    and how many frames or seconds to take (None: no limit). A service config is one."""
+
     budget: float
     frames: int | None
     duration: float | None
@@ -104,7 +107,7 @@ class Camera:
         except Exception as exc:  # a source that fails ends the stream, reported, not a crash
             _log.error("camera failed", error=repr(exc))
             error = f"{type(exc).__name__}: {exc}"
-            self.outcomes.summary.camera_error = error
+            self.outcomes.camera_failed(error)
             self.policy.camera_failed(error)
         outbox.close()
 
@@ -321,6 +324,7 @@ class Decode:
         self,
         device: ModelDevice,
         calibration: CalibrationState,
+        *,
         faults: ServiceFaults,
         policy: FramePolicy,
         outcomes: FrameOutcomes,
