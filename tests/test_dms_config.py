@@ -45,6 +45,7 @@ def test_settings_given_as_text_are_parsed_once_as_the_config_is_made():
     assert config.model_cpus == "auto" and config.health_port is None
     assert config.model == Path("m.onnx")
     assert ServiceConfig().camera == Synthetic() and parse_camera("synthetic") == Synthetic()
+    assert ServiceConfig(camera=Path("cabin.avi")).camera == CameraFile(Path("cabin.avi"))
 
 
 def test_making_a_config_asks_nothing_of_the_machine_and_checking_it_does(tmp_path):
@@ -68,6 +69,8 @@ def test_making_a_config_asks_nothing_of_the_machine_and_checking_it_does(tmp_pa
         ({"device": "cpu", "faults": "gpu-hang@3"}, "accelerator faults need --device sim"),
         ({"model_cpus": "1;2"}, "model_cpus: expected auto, none or CPU numbers, got '1;2'"),
         ({"camera": ""}, "camera: expected 'synthetic', a video file or a recording"),
+        ({"health_port": 70000}, "health_port must be a port number"),
+        ({"backoff_initial": 2.0, "backoff_max": 1.0}, "backoff_max must be at least"),
     ],
 )
 def test_a_bad_value_is_refused_with_what_was_expected(settings_, complaint):
@@ -82,6 +85,7 @@ def test_auto_model_cpus_are_the_last_cpu_for_the_cpu_runner_and_none_elsewhere(
     assert ServiceConfig(device="cpu", model_cpus="auto").placed_cpus() == {last}
     assert ServiceConfig(device="sim", model_cpus="auto").placed_cpus() is None
     assert ServiceConfig(device="cpu").placed_cpus() is None  # the API places nothing unasked
+    assert ServiceConfig(device="sim", model_cpus=(last,)).placed_cpus() is None  # checked only
 
 
 def test_every_setting_has_an_option_whose_help_shows_its_default():
@@ -100,7 +104,7 @@ def test_options_given_on_the_command_line_reach_their_settings():
     args = parser().parse_args(
         [
             "--device", "cpu", "--budget", "0.2", "--backoff", "0.2", "3",
-            "--threads", "2", "--health-port", "-1", "--raw-predictions",
+            "--threads", "2", "--health-port", "-5", "--raw-predictions",
             "--faults", "camera-stall@5", "--calib", "0,0,0", "--healthy-after", "2",
         ]
     )  # fmt: skip

@@ -9,6 +9,7 @@ from aio_runtime import (
     Availability,
     BudgetExhausted,
     CameraTimeout,
+    HardwareTimeout,
     Layer,
     Reason,
     SignalTimeout,
@@ -55,16 +56,26 @@ def test_a_late_frame_from_a_device_still_making_progress_is_degraded_not_a_rest
     good(judge, 2)
     verdict = judge.over_budget(over_budget(), stalled=0.03)
     assert verdict.reason is not None and verdict.reason.kind == "frame budget"
-    assert not verdict.restart and verdict.timeouts == ("frame-budget",)
+    assert verdict.fault is None and verdict.timeouts == ("frame-budget",)
     assert judge.availability.state.availability is D
-    assert judge.over_budget(over_budget(), stalled=None).restart is False  # no hang detection
+    assert judge.over_budget(over_budget(), stalled=None).fault is None  # no hang detection
 
 
 def test_a_device_without_progress_for_the_hang_bound_is_unavailable_and_restarted():
     judge = policy()
     good(judge, 2)
-    verdict = judge.over_budget(over_budget(), stalled=0.1)
-    assert verdict.restart and verdict.timeouts == ("frame-budget", "gpu-queue")
+    cause = over_budget()
+    verdict = judge.over_budget(cause, stalled=0.1)
+    assert verdict.timeouts == ("frame-budget", "gpu-queue")
+    # the session fails with a hardware timeout of the layer: what was awaited, for how long
+    hung = verdict.fault
+    assert isinstance(hung, HardwareTimeout) and hung.__cause__ is cause
+    assert (hung.layer, hung.awaited, hung.timeout, hung.elapsed) == (
+        Layer.GPU_QUEUE,
+        "compute timeline >= 8",
+        0.1,
+        0.1,
+    )
     assert verdict.reason is not None and verdict.reason.kind == "gpu-queue"
     assert "no progress for 0.100 s (hung after 0.1 s;" in verdict.reason
     assert judge.availability.state.availability is U
@@ -75,7 +86,7 @@ def test_a_hardware_fault_is_unavailable_at_once_under_its_layer():
     good(judge, 2)
     fault = SignalTimeout(awaited="compute timeline >= 9", timeout=0.1, elapsed=0.1)
     verdict = judge.device_fault(fault)
-    assert verdict.restart and verdict.timeouts == ("gpu-queue",)
+    assert verdict.fault is fault and verdict.timeouts == ("gpu-queue",)
     assert (verdict.reason.kind, verdict.reason.detail) == ("gpu-queue", fault.message)
     assert str(judge.availability.state).startswith("unavailable(gpu-queue: ")
 
@@ -97,7 +108,7 @@ def test_a_frame_that_finds_no_model_says_why_and_reports_nothing():
     good(judge, 2)
     verdict = judge.no_model("the accelerator is restarting")
     assert verdict.reason == "model unavailable: the accelerator is restarting"
-    assert not verdict.restart and judge.availability.state.availability is A
+    assert verdict.fault is None and judge.availability.state.availability is A
 
 
 @pytest.mark.parametrize(
@@ -129,3 +140,17 @@ def test_a_stalled_camera_is_unavailable_and_its_failure_keeps_its_own_words():
     judge.camera_stalled(stall)  # the next period: the same cause, the same wording
     judge.camera_failed("ReplayFormatError: truncated")  # news of its own
     assert judge.availability.state.reason == "camera: ReplayFormatError: truncated"
+
+
+def test_news_of_an_outage_is_not_a_frame_without_output():
+    """The outage's reports (a stalled camera each period, the accelerator's supervisor) do not
+    count toward ``unavailable_after``: only frames that each failed on their own do."""
+    judge = policy(unavailable_after=3)
+    good(judge, 2)
+    stall = CameraTimeout(awaited="a camera frame", timeout=0.25, elapsed=0.25)
+    for _ in range(5):
+        judge.camera_stalled(stall)
+    judge.availability.report_unavailable(Reason("accelerator", "opening session (attempt 2)"))
+    good(judge, 2)
+    assert judge.invalid_output("NaN").reason == "invalid output: NaN"
+    assert judge.availability.state.availability is D

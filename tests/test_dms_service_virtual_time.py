@@ -181,3 +181,30 @@ async def test_work_on_threads_takes_no_virtual_time_while_the_clock_is_held():
                     assert now() - start < 0.01, name
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ("gpu-hang", "HardwareTimeout: [gpu-queue] "),
+        ("usb-timeout", "HardwareTimeout: [usb-transfer] "),
+    ],
+)
+async def test_the_accelerator_is_restarted_for_the_typed_error_a_frame_met(fault, error):
+    """The session fails with what the frame met, typed — here the accelerator's lack of
+    progress, as a hardware timeout of the layer it stalled in — and its supervisor says so."""
+    config = ServiceConfig(
+        device="sim",
+        health_port=None,
+        calib=(0.0, 0.0, 0.0),
+        frames=FRAMES,
+        faults=f"{fault}@{HANG_START}+{HANG_FRAMES}",
+    )
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            with anyio.fail_after(30):
+                async with DmsService(config, source=SyntheticCamera()) as service:
+                    await service.finished()
+    failed = [t for _, t in service.summary.transitions if "attempt 1 failed" in t]
+    assert failed and failed[0].startswith(f"unavailable(accelerator: {error}"), failed
+    assert "the accelerator has made no progress: hung" in failed[0]

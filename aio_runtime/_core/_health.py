@@ -131,8 +131,6 @@ class Reason(str):
     detail: str
 
     def __new__(cls, kind: str, detail: str = "") -> Reason:
-        if not kind:
-            raise ValueError("a reason needs a kind")
         self = super().__new__(cls, f"{kind}: {detail}" if detail else kind)
         self.kind = kind
         self.detail = detail
@@ -198,9 +196,11 @@ class AvailabilityMachine:
     that were produced at all (good, degraded or an isolated failure). A device that alternates
     between failing and producing therefore stays UNAVAILABLE instead of flapping.
 
-    ``escalate_after``: that many reports in a row without a result (failed or unavailable) and an
-    isolated failure is an outage: UNAVAILABLE, for the reason ``escalated(failures, reason)``
-    makes. None: failures stay isolated (DEGRADED) however many come.
+    ``escalate_after``: that many isolated failures in a row (:meth:`report_failed`, with no
+    result produced in between) and they are an outage: UNAVAILABLE, for the reason
+    ``escalated(failures, reason)`` makes. None: failures stay isolated (DEGRADED) however many
+    come. :meth:`report_unavailable` is news of the state, not a result: it neither counts nor
+    breaks the run.
 
     ``per_kind``: while the state holds for a reason of some kind, a report of the same state
     for a reason of the same kind keeps the first wording: a cause that lasts is one transition,
@@ -254,7 +254,7 @@ class AvailabilityMachine:
 
     @property
     def failed_streak(self) -> int:
-        """Reports in a row without a result (failed or unavailable)."""
+        """Isolated failures in a row, with no result produced in between."""
         return self._failed_streak
 
     def report_good(self) -> None:
@@ -288,7 +288,6 @@ class AvailabilityMachine:
 
     def report_unavailable(self, reason: str, *, per_kind: bool | None = None) -> None:
         """Nothing trustworthy can be produced."""
-        self._failed_streak += 1
         self._unavailable(Reason.of(reason), per_kind)
 
     def _degrade(self, reason: Reason, per_kind: bool | None) -> None:

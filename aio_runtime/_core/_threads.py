@@ -115,11 +115,13 @@ async def run_in_thread(
 
     Bounded by its :class:`~aio_runtime.BoundArgs` (``awaited``, and ``error``/``timeout``/``layer``
     or ``within``), as every wait is. The bound is checked before the thread starts: a call the
-    runtime refuses never runs. ``submitted`` is called with the :class:`PendingCall` as it is
-    handed to ``worker``: whoever holds it may withdraw the call while it is still queued (the
-    waiting task must then be woken, e.g. by cancelling a scope around it; it gets the
-    withdrawal as its bound's error would come).
+    runtime refuses never runs. ``submitted`` (with ``worker`` only) is called with the
+    :class:`PendingCall` as it is handed to the worker: whoever holds it may withdraw the call
+    while it is still queued — the call then never runs, and the waiting task must be woken by
+    its holder (by cancelling a scope around the wait, say: it then sees that cancellation).
     """
+    if submitted is not None and worker is None:
+        raise ValueError("submitted= is for a call handed to a worker: pass worker= too")
     bound = resolve_bound(**bounding)
     awaited = bounding["awaited"]
     validate_timeout(drain_timeout, what="drain_timeout")

@@ -65,11 +65,13 @@ class AcceleratorRunner:
         readiness: Readiness | None = None,
     ) -> AcceleratorRunner:
         """Open a session over ``usb`` (booting the GPU) and allocate the model's buffers; the
-        session owns ``usb`` from here (closing it with the session)."""
+        session owns ``usb`` from here (closing it with the session, or at once if the session
+        cannot be opened)."""
+        config = config or SessionConfig()
         try:
             session = await GpuSession.open(usb, config=config, readiness=readiness)
         except BaseException:
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(config.request_timeout):
                 await usb.aclose()
             raise
         accelerator = cls(session, image_size=image_size, output_size=output_size)

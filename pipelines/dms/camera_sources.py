@@ -196,8 +196,13 @@ def open_camera(spec: CameraSpec) -> FrameSource:
         return SyntheticCamera()
     from .camera_replay import FILE_MAGIC, ReplayCamera
 
-    with spec.path.open("rb") as f:
-        magic = f.read(len(FILE_MAGIC))
+    try:
+        with spec.path.open("rb") as f:
+            magic = f.read(len(FILE_MAGIC))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"camera {str(spec)!r}: no such file (or use 'synthetic')"
+        ) from None
     if magic == FILE_MAGIC:
         return ReplayCamera(spec.path)
     from .camera_video import VideoFileCamera  # OpenCV: only when a video is asked for

@@ -116,7 +116,12 @@ def _model_cpus(text: str) -> ModelCpus:
 
 def _port(text: str) -> int | None:
     port = int(text)
-    return None if port == -1 else port
+    return None if port < 0 else port  # the command line's "none"
+
+
+def _port_number(value: Any) -> str | None:
+    ok = value is None or (isinstance(value, int) and 0 <= value <= 65535)
+    return None if ok else "must be a port number (0 to 65535, 0: any free port) or None"
 
 
 def _device(text: str) -> DeviceKind:
@@ -153,6 +158,8 @@ class Setting:
     def accept(self, name: str, value: Any) -> Any:
         """``value`` for the setting ``name``: parsed if given as text, then checked;
         :class:`ValueError` saying what was expected."""
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
         if self.parse is not None and isinstance(value, str):
             try:
                 value = self.parse(value)
@@ -269,6 +276,7 @@ class ServiceConfig:
         9032,
         "the port of the health and metrics endpoints (0: any free port; -1: none)",
         parse=_port,
+        check=_port_number,
         metavar="PORT",
     )
     zmq: str | None = setting(
@@ -338,6 +346,11 @@ class ServiceConfig:
             setattr(self, item.name, declared.accept(item.name, getattr(self, item.name)))
         if self.calib is not None:
             self.calib = _check_calibration(self.calib)
+        if self.backoff_max < self.backoff_initial:
+            raise ValueError(
+                f"backoff_max must be at least backoff_initial ({self.backoff_initial}), "
+                f"got {self.backoff_max}"
+            )
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
             raise ValueError("accelerator faults need --device sim")
 
@@ -353,8 +366,9 @@ class ServiceConfig:
         self.placed_cpus()
 
     def placed_cpus(self) -> frozenset[int] | None:
-        """The CPUs of the model's thread on this machine (``auto`` resolved), None for none;
-        :class:`ValueError` for CPUs there are not."""
+        """The CPUs of the CPU runner's thread on this machine (``auto`` resolved); None for no
+        placement, which is also the answer for any other device. CPUs named are checked
+        whatever the device: :class:`ValueError` for CPUs there are not."""
         cpus = self.model_cpus
         if cpus is None:
             return None
@@ -363,17 +377,18 @@ class ServiceConfig:
                 return None  # placement is Linux's; auto stands down elsewhere
             raise ValueError("model_cpus needs CPU placement, which only Linux offers here")
         available = os.sched_getaffinity(0)
+        if cpus != "auto":
+            if not cpus or not set(cpus) <= available:
+                raise ValueError(
+                    f"model_cpus must be some of the CPUs this process may use "
+                    f"({sorted(available)}), got {list(cpus)}"
+                )
+            if not available - set(cpus):
+                raise ValueError(f"model_cpus {list(cpus)} leaves no CPU for the event loop")
+        if self.device is not DeviceKind.CPU:
+            return None  # the CPUs are for the CPU runner's thread: elsewhere none are placed
         if cpus == "auto":
-            if self.device is not DeviceKind.CPU or len(available) < 2:
-                return None
-            return frozenset({max(available)})
-        if not cpus or not set(cpus) <= available:
-            raise ValueError(
-                f"model_cpus must be some of the CPUs this process may use "
-                f"({sorted(available)}), got {list(cpus)}"
-            )
-        if not available - set(cpus):
-            raise ValueError(f"model_cpus {list(cpus)} leaves no CPU for the event loop")
+            return frozenset({max(available)}) if len(available) >= 2 else None
         return frozenset(cpus)
 
 

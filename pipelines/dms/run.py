@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if not flag:
             continue  # set through another setting's flag
         text = f"{declared.help} (default: {_shown(item, declared)})"
-        if item.type == "bool":
+        if isinstance(item.default, bool):
             parser.add_argument(flag, dest=item.name, action="store_true", help=text)
             continue
         parser.add_argument(

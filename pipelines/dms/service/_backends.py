@@ -139,6 +139,16 @@ class Device:
     is each frame's own (a CPU runner has no session to lose)."""
 
 
+def simulator_plan(
+    config: ServiceConfig, transport: TransportOpener | None = None
+) -> FaultPlan | None:
+    """The fault plan of the simulated accelerator :func:`open_device` will run in this process,
+    if it will (None otherwise); :class:`ValueError` for a transport the device cannot use."""
+    if config.device is DeviceKind.CPU and transport is not None:
+        raise ValueError("a USB transport is for the accelerator (device 'sim'), not the CPU")
+    return FaultPlan() if config.device is DeviceKind.SIM and transport is None else None
+
+
 @contextlib.asynccontextmanager
 async def open_device(
     config: ServiceConfig,
@@ -149,8 +159,9 @@ async def open_device(
 ) -> AsyncIterator[Device]:
     """Load the model and open ``config.device`` for it. ``transport``: the accelerator's USB
     transports (default: a simulated accelerator in this process, its faults scripted by
-    ``plan``); ``model_cpus``: the CPUs of the CPU runner's thread. The one function that reads
-    the device kind."""
+    ``plan``, see :func:`simulator_plan`); ``model_cpus``: the CPUs of the CPU runner's thread.
+    With :func:`simulator_plan`, the one place that reads the device kind."""
+    simulator_plan(config, transport)  # the device can use the transport
 
     def load() -> tuple[Path, ModelContract]:
         path = config.model if config.model is not None else reference_model_path()
@@ -161,8 +172,6 @@ async def open_device(
     )
     match config.device:
         case DeviceKind.CPU:
-            if transport is not None:
-                raise ValueError("a USB transport is for the accelerator: --device sim")
             async with _cpu(config, path, contract, model_cpus) as device:
                 yield device
         case DeviceKind.SIM if transport is not None:

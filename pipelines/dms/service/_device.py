@@ -18,22 +18,20 @@ from collections.abc import AsyncIterator
 import anyio
 
 from aio_runtime import AvailabilityMachine, Backoff, Readiness, Supervisor
-from transports.sim import FaultPlan
 
 from ..config import ServiceConfig
 from ..decode import Decoder
-from ._backends import Device, ModelBackend, TransportOpener, open_device
+from ._backends import Device, ModelBackend, TransportOpener, open_device, simulator_plan
 
 __all__ = ["DeviceSession", "ModelDevice"]
 
 
 class DeviceSession:
-    """One open session of the model's device: its backend, its readiness layers, and the error
-    it failed with, once it has."""
+    """One open session of the model's device: its backend, and the error it failed with, once
+    it has."""
 
-    def __init__(self, backend: ModelBackend, readiness: Readiness, *, restartable: bool) -> None:
+    def __init__(self, backend: ModelBackend, *, restartable: bool) -> None:
         self.backend = backend
-        self.readiness = readiness
         self.restartable = restartable
         self.error: Exception | None = None
         self._failed = anyio.Event()
@@ -71,7 +69,7 @@ class ModelDevice:
     ) -> None:
         self.config = config
         self.availability = availability
-        self.plan = FaultPlan() if transport is None else None
+        self.plan = simulator_plan(config, transport)
         """The simulated accelerator's fault plan, when the model runs on one in this process."""
         self._transport = transport
         self.current: DeviceSession | None = None
@@ -120,7 +118,7 @@ class ModelDevice:
         readiness = self.readiness = Readiness()
         try:
             async with device.open_session(readiness) as backend:
-                session = DeviceSession(backend, readiness, restartable=device.restartable)
+                session = DeviceSession(backend, restartable=device.restartable)
                 self.current = session
                 self.ready.set()
                 try:
@@ -133,4 +131,5 @@ class ModelDevice:
 
     @staticmethod
     async def _until_failed(session: DeviceSession) -> None:
-        raise await session.failed()
+        error = await session.failed()
+        raise error.with_traceback(None)  # raised anew here: the frame that saw it has moved on

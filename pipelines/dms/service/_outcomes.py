@@ -50,8 +50,10 @@ class Summary:
 class FrameOutcomes:
     """Ends frames: publishes them (valid or invalid) or drops them, counted.
 
-    ``readiness()``: the model's device's readiness layers as they are now; each message adds
-    whether its own frame's task completed and its output was valid.
+    ``readiness()``: the model's device's readiness layers as they are now. Each message marks
+    on them whether its own frame's task completed and its output was valid — layered, as the
+    core's readiness is: never up while a layer below is down — so the health endpoints report
+    the last message's.
     """
 
     def __init__(
@@ -169,7 +171,9 @@ class FrameOutcomes:
     ) -> None:
         frame = job.frame
         age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
-        raw = output is not None and self._raw_predictions
+        raw = None
+        if output is not None and self._raw_predictions:
+            raw = output.astype("<f4").tobytes()
         message = DriverStateV2(
             seq=self._seq,
             frame_id=frame.frame_id,
@@ -188,7 +192,7 @@ class FrameOutcomes:
             wheel_on_right_prob=None if fields is None else fields.wheel_on_right_prob,
             left_driver_data=None if fields is None else fields.left_driver_data.to_dict(),
             right_driver_data=None if fields is None else fields.right_driver_data.to_dict(),
-            raw_predictions=output.astype("<f4").tobytes() if raw and output is not None else None,
+            raw_predictions=raw,
             recorded_sof=frame.recorded_sof,
             recorded_eof=frame.recorded_eof,
         )

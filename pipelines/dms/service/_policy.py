@@ -15,7 +15,8 @@ and one wording per kind of reason while it lasts. What is DMS-specific is here:
   model up reports the availability meanwhile); a run superseded by a newer frame is a drop, not
   an outcome.
 
-Pure: no clock, no I/O — the results carry the times they need.
+No I/O and no clock of its own: the results carry the times they are judged by (the
+availability machine stamps its transitions).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aio_runtime import (
     AvailabilityMachine,
     BudgetExhausted,
     CameraTimeout,
+    HardwareTimeout,
     Reason,
     RuntimeFault,
 )
@@ -45,8 +47,9 @@ class Verdict:
 
     reason: Reason | None = None
     """Why the frame is not valid (None: it is)."""
-    restart: bool = False
-    """The model's device session has failed: restart it."""
+    fault: RuntimeFault | None = None
+    """The device is at fault: the typed error its session fails with (and is restarted for,
+    where it can be)."""
     timeouts: tuple[str, ...] = ()
     """The timeouts this frame met, by layer (counted in the metrics)."""
 
@@ -103,18 +106,30 @@ class FramePolicy:
         )
         reason = Reason(str(exc.layer), detail)
         self.availability.report_unavailable(reason)
-        return Verdict(reason, restart=True, timeouts=(BUDGET_TIMEOUT, str(exc.layer)))
+        hung = HardwareTimeout(
+            awaited=exc.awaited,
+            timeout=self.gpu_hang_after,
+            elapsed=stalled,
+            layer=exc.layer,
+            expected=exc.expected,
+            observed=exc.observed,
+            detail="the accelerator has made no progress: hung",
+        )
+        hung.__cause__ = exc
+        return Verdict(reason, fault=hung, timeouts=(BUDGET_TIMEOUT, str(exc.layer)))
 
-    def device_fault(self, exc: RuntimeFault) -> Verdict:
-        """A hardware timeout or fault from the model's device: UNAVAILABLE, session restarted."""
+    def device_fault(self, exc: RuntimeFault, *timeouts: str) -> Verdict:
+        """A hardware timeout or fault from the model's device: UNAVAILABLE, session restarted
+        (``timeouts``: met before it, by layer)."""
         reason = Reason(str(exc.layer), exc.message)
         self.availability.report_unavailable(reason)
-        return Verdict(reason, restart=True, timeouts=(str(exc.layer),))
+        return Verdict(reason, fault=exc, timeouts=(*timeouts, str(exc.layer)))
 
     @staticmethod
-    def no_model(why: str) -> Verdict:
-        """No model can run the frame (loading, restarting): said, not reported."""
-        return Verdict(Reason("model unavailable", why))
+    def no_model(why: str, *timeouts: str) -> Verdict:
+        """No model can run the frame (loading, restarting): said, not reported (``timeouts``:
+        met on the way, by layer)."""
+        return Verdict(Reason("model unavailable", why), timeouts=timeouts)
 
     def invalid_output(self, why: str) -> Verdict:
         return self._failed(Reason("invalid output", why))

@@ -41,7 +41,7 @@ from ._device import DeviceSession, ModelDevice
 from ._faults import ServiceFaults
 from ._job import FrameJob
 from ._outcomes import FrameOutcomes
-from ._policy import FramePolicy
+from ._policy import BUDGET_TIMEOUT, FramePolicy, Verdict
 
 __all__ = ["Camera", "Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
 
@@ -296,22 +296,23 @@ class Model:
             try:
                 stalled = await session.backend.stalled_for()
             except RuntimeFault as probe_error:  # the device could not even be read
-                self._device_fault(job, session, probe_error)
+                self._device_fault(job, session, probe_error, BUDGET_TIMEOUT)
                 return
-        verdict = self.policy.over_budget(exc, stalled)
-        self.outcomes.invalid(job, verdict)
-        if verdict.restart:
-            exc.add_note(f"hung: no progress for {stalled:.3f} s")
-            session.fail(exc)
+        self._end(job, session, self.policy.over_budget(exc, stalled))
 
-    def _device_fault(self, job: FrameJob, session: DeviceSession, exc: RuntimeFault) -> None:
+    def _device_fault(
+        self, job: FrameJob, session: DeviceSession, exc: RuntimeFault, *timeouts: str
+    ) -> None:
         if session.failing:  # the session is being replaced: this is a consequence
-            self.outcomes.invalid(job, self.policy.no_model(self.device.why_unavailable(session)))
+            why = self.device.why_unavailable(session)
+            self.outcomes.invalid(job, self.policy.no_model(why, *timeouts))
             return
-        verdict = self.policy.device_fault(exc)
+        self._end(job, session, self.policy.device_fault(exc, *timeouts))
+
+    def _end(self, job: FrameJob, session: DeviceSession, verdict: Verdict) -> None:
         self.outcomes.invalid(job, verdict)
-        if verdict.restart:
-            session.fail(exc)
+        if verdict.fault is not None:
+            session.fail(verdict.fault)
 
 
 _NO_CALIBRATION = np.zeros((1, 3), np.float32)
