@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,164 @@ def test_imports_only_point_down(package, forbidden):
         if imported_top_levels(tree, path) & forbidden
     }
     assert not offenders, f"{package} must not import {sorted(forbidden)}: {offenders}"
+
+
+# -- the import graph -------------------------------------------------------------------------------
+
+
+def module_names() -> dict[str, str]:
+    """Every module of the three packages: dotted name -> path (a package is its __init__)."""
+    names = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            names[".".join(parts)] = path.relative_to(ROOT).as_posix()
+    return names
+
+
+def import_time_nodes(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run when the module is imported: not those inside functions
+    (they run when called) nor under ``if TYPE_CHECKING:`` (they never run)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif isinstance(node, ast.If):
+            test = node.test
+            name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+            if name != "TYPE_CHECKING":
+                yield from import_time_nodes(node.body)
+            yield from import_time_nodes(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                yield from import_time_nodes(block)
+        elif isinstance(node, (ast.ClassDef, ast.With, ast.For, ast.While)):
+            yield from import_time_nodes(node.body)
+
+
+def imported_modules(module: str, is_package: bool, tree: ast.Module, known: set[str]) -> set[str]:
+    """The modules of ``known`` that importing ``module`` executes directly: each imported module
+    and the packages above it (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first)
+    — except the packages above ``module`` itself, which are always imported before it runs."""
+    targets: set[str] = set()
+    for node in import_time_nodes(tree.body):
+        if isinstance(node, ast.Import):
+            targets |= {alias.name for alias in node.names}
+            continue
+        if node.level:  # relative: from the module's own package, one level up per extra dot
+            package = module if is_package else module.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                package = package.rpartition(".")[0]
+            base = f"{package}.{node.module}" if node.module else package
+        else:
+            base = node.module or ""
+        targets.add(base)
+        targets |= {
+            f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known
+        }
+    ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    executed = set()
+    for target in targets:
+        parts = target.split(".")
+        executed |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return (executed & known) - ancestors - {module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    names = module_names()
+    known = set(names)
+    graph = {}
+    for module, path in names.items():
+        tree = ast.parse((ROOT / path).read_text(), filename=path)
+        graph[module] = imported_modules(module, path.endswith("__init__.py"), tree, known)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_modules_import_one_another_without_a_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_package_init():
+    """The shape of a cycle that once slipped through: ``p.copy`` imports ``p.gpu.queues``, which
+    runs ``p/gpu/__init__``, which imports ``p.gpu.session``, which imports ``p.copy``."""
+    known = {"p", "p.copy", "p.gpu", "p.gpu.queues", "p.gpu.session"}
+    sources = {
+        "p": ("", True),
+        "p.copy": ("from .gpu.queues import Ring\n", False),
+        "p.gpu": ("from .session import Session\n", True),
+        "p.gpu.queues": ("import struct\n", False),
+        "p.gpu.session": (
+            "from typing import TYPE_CHECKING\nfrom ..copy import Copy\n"
+            "if TYPE_CHECKING:\n    from . import queues\n",
+            False,
+        ),
+    }
+    graph = {
+        name: imported_modules(name, is_package, ast.parse(text), known)
+        for name, (text, is_package) in sources.items()
+    }
+    assert graph["p.copy"] == {"p.gpu", "p.gpu.queues"}
+    assert graph["p.gpu.session"] == {"p.copy"}  # its own package is not an edge
+    assert find_cycle(graph) == ["p.copy", "p.gpu", "p.gpu.session", "p.copy"]
+    graph["p.gpu.session"] = imported_modules(
+        "p.gpu.session", False, ast.parse("def f():\n    from ..copy import Copy\n"), known
+    )
+    assert find_cycle(graph) is None  # an import inside a function runs later, not at import
+
+
+FIRST_IMPORTS = """
+import importlib, sys
+packages, names = sys.argv[1].split(","), sys.argv[2:]
+for name in names:
+    for loaded in [m for m in sys.modules if m.split(".")[0] in packages]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        print(f"{name}: {type(exc).__name__}: {exc}")
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """Each module imported as the first of the three packages' (the others forgotten before it),
+    so that no module works only because another was imported before it."""
+    names = sorted(module_names())
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_IMPORTS, ",".join(PACKAGES), *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not done.stdout.strip(), done.stdout
 
 
 def call_name(node: ast.Call) -> str | None:

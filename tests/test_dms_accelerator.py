@@ -10,7 +10,7 @@ import pytest
 from aio_runtime import Layer, SignalTimeout
 from aio_runtime.testing import virtual_time
 from pipelines.dms.accelerator import SimAccelerator, simulated_device
-from transports.copy import CHUNK
+from transports.gpu.copy import CHUNK
 from transports.sim import Fault, FaultRule
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ from gpu_sim import ADD_ONE, FAST, SLACK, SLOW, SLOW_ADD_ONE, device, reopen, se
 from aio_runtime import Layer, SignalTimeout, UsbTransferTimeout, now
 from aio_runtime.testing import virtual_time
 from transports import hwdefs as hw
-from transports.copy import CHUNK
 from transports.gpu import DependencyFailed, GpuFault, GpuSession
+from transports.gpu.copy import CHUNK
 from transports.gpu.session import Buffer
 from transports.sim import Fault, FaultRule
 from transports.sim.server import SimServer

@@ -3,9 +3,10 @@
 ``await GpuSession.open(usb)`` brings the PCIe link up (bounded), checks the GPU answers, and
 boots it (:mod:`transports.gpu.boot`), marking readiness layers as stages complete. Then:
 memory (:meth:`alloc` / :meth:`free`, staged with rollback: every path frees what it took), host
-mappings (:meth:`map_host` / :meth:`unmap`, symmetric), copies (:meth:`copy_in` / :meth:`copy_out`
-through :class:`~transports.copy.CopyProtocol`), kernels (:meth:`run_kernel`, awaiting the compute
-timeline with a deadline), :meth:`recover` (never a sticky error) and :meth:`aclose`.
+mappings (:meth:`map_host` / :meth:`unmap`, symmetric), copies (:meth:`copy_in` /
+:meth:`copy_out` through :class:`~transports.gpu.copy.CopyProtocol`), kernels (:meth:`run_kernel`,
+awaiting the compute timeline with a deadline), :meth:`recover` (never a sticky error) and
+:meth:`aclose`.
 
 Work on the copy and compute queues is ordered by a :class:`~transports.gpu.deps.DependencyTracker`
 over the byte ranges it touches.
@@ -39,11 +40,11 @@ from aio_runtime import (
 
 from .. import hwdefs as hw
 from ..bridge import BridgeClient, Channel
-from ..copy import CopyProtocol
 from ..errors import GpuFault
 from ..hwdefs import EP_BULK_OUT, SRAM_PCIE
 from ..usb import UsbTransport
 from .boot import BootLog, BridgeRegisters, Psp, boot_mode, smu_mailbox
+from .copy import CopyProtocol
 from .deps import DependencyTracker, Span, Work
 from .queues import Packets, Ring
 

@@ -43,15 +43,13 @@ from aio_runtime import (
     RuntimeFault,
     SignalTimeout,
     UsbTransferTimeout,
-    get_logger,
     wait_until,
 )
 
-from . import hwdefs as hw
-from .bridge import BridgeClient
-from .errors import GpuFault
-from .gpu.queues import Packets, Ring
-from .hwdefs import (
+from .. import hwdefs as hw
+from ..bridge import BridgeClient
+from ..errors import GpuFault
+from ..hwdefs import (
     CQ_RELEASE_PCIE,
     EP_BULK_IN,
     EP_BULK_OUT,
@@ -62,7 +60,8 @@ from .hwdefs import (
     SRAM_PCIE,
     SRAM_SIZE,
 )
-from .usb import UsbTransfer
+from ..usb import UsbTransfer
+from .queues import Packets, Ring
 
 __all__ = [
     "CHUNK",
@@ -77,7 +76,6 @@ __all__ = [
 
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
-_log = get_logger("transports.copy")
 
 
 def sentinel(n: int) -> int:
