@@ -51,7 +51,7 @@ from transports.sim.gpu import SimDevice
 from transports.sim.server import SimServer
 from transports.sim.umockdev import EmulatedBridge, umockdev_available
 from transports.sim.urb import SimUrb
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 SIZE = 8 << 20
 TARGET = 1000.0

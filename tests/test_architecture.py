@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -109,12 +109,15 @@ def import_time_nodes(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportF
             yield from import_time_nodes(node.body)
 
 
-def imported_modules(module: str, is_package: bool, tree: ast.Module, known: set[str]) -> set[str]:
-    """The modules of ``known`` that importing ``module`` executes directly: each imported module
-    and the packages above it (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first)
-    — except the packages above ``module`` itself, which are always imported before it runs."""
+def imported_modules(
+    module: str, is_package: bool, nodes: Iterable[ast.Import | ast.ImportFrom], known: set[str]
+) -> set[str]:
+    """The modules of ``known`` that the import statements ``nodes`` of ``module`` execute
+    directly: each imported module and the packages above it (importing ``a.b.c`` runs
+    ``a/__init__`` and ``a/b/__init__`` first) — except the packages above ``module`` itself,
+    which are always imported before it runs."""
     targets: set[str] = set()
-    for node in import_time_nodes(tree.body):
+    for node in nodes:
         if isinstance(node, ast.Import):
             targets |= {alias.name for alias in node.names}
             continue
@@ -143,7 +146,8 @@ def import_graph() -> dict[str, set[str]]:
     graph = {}
     for module, path in names.items():
         tree = ast.parse((ROOT / path).read_text(), filename=path)
-        graph[module] = imported_modules(module, path.endswith("__init__.py"), tree, known)
+        nodes = import_time_nodes(tree.body)
+        graph[module] = imported_modules(module, path.endswith("__init__.py"), nodes, known)
     return graph
 
 
@@ -191,16 +195,70 @@ def test_the_cycle_check_sees_a_cycle_through_a_package_init():
         ),
     }
     graph = {
-        name: imported_modules(name, is_package, ast.parse(text), known)
+        name: imported_modules(name, is_package, import_time_nodes(ast.parse(text).body), known)
         for name, (text, is_package) in sources.items()
     }
     assert graph["p.copy"] == {"p.gpu", "p.gpu.queues"}
     assert graph["p.gpu.session"] == {"p.copy"}  # its own package is not an edge
     assert find_cycle(graph) == ["p.copy", "p.gpu", "p.gpu.session", "p.copy"]
+    later = ast.parse("def f():\n    from ..copy import Copy\n")
     graph["p.gpu.session"] = imported_modules(
-        "p.gpu.session", False, ast.parse("def f():\n    from ..copy import Copy\n"), known
+        "p.gpu.session", False, import_time_nodes(later.body), known
     )
     assert find_cycle(graph) is None  # an import inside a function runs later, not at import
+
+
+# The simulator is one backend among others: outside it, nothing imports it, but for these users.
+SIMULATOR_USERS = {
+    # the model on the simulated accelerator: it opens a simulated device
+    "pipelines/dms/accelerator.py",
+    # the service's fault injection: its faults are the simulator's, scripted on its fault plan
+    "pipelines/dms/faults.py",
+    "pipelines/dms/service.py",
+}
+
+
+def simulator_imports(module: str, path: str, tree: ast.AST, known: set[str]) -> set[str]:
+    """The simulator's modules that ``module`` imports anywhere (at import time or later)."""
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    imported = imported_modules(module, path.endswith("__init__.py"), nodes, known)
+    return {m for m in imported if m == "transports.sim" or m.startswith("transports.sim.")}
+
+
+def test_nothing_outside_the_simulator_imports_it_but_its_documented_users():
+    names = module_names()
+    offenders = {
+        path: sorted(found)
+        for module, path in names.items()
+        if not path.startswith(SIMULATOR) and path not in SIMULATOR_USERS
+        if (
+            found := simulator_imports(
+                module, path, ast.parse((ROOT / path).read_text()), set(names)
+            )
+        )
+    }
+    assert not offenders, f"modules that import the simulator: {offenders}"
+
+
+def test_the_simulator_check_sees_an_import_inside_a_function():
+    known = {"transports", "transports.sim", "transports.sim.bridge", "transports.usb"}
+    tree = ast.parse("def open():\n    from ..sim.bridge import SimBridge\n")
+    found = simulator_imports("transports.usb", "transports/usb/__init__.py", tree, known)
+    assert found == {"transports.sim", "transports.sim.bridge"}
+
+
+def test_importing_the_usb_transports_does_not_load_the_simulator():
+    graph = import_graph()
+    for module in [m for m in graph if m == "transports.usb" or m.startswith("transports.usb.")]:
+        parts = module.split(".")
+        loaded, todo = set(), [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        while todo:
+            name = todo.pop()
+            if name not in loaded:
+                loaded.add(name)
+                todo.extend(graph.get(name, ()))
+        simulator = sorted(m for m in loaded if m.startswith("transports.sim"))
+        assert not simulator, f"importing {module} loads {simulator}"
 
 
 FIRST_IMPORTS = """

@@ -14,7 +14,7 @@ from aio_runtime.testing import virtual_time
 from transports.bridge import BridgeClient, PcieCompletionError, PcieRetriesExhausted
 from transports.sim import Fault, FaultPlan, FaultRule
 from transports.sim.bridge import CQ_RELEASE_PCIE, FENCE_XDATA, LINK_UP, SimBridge
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 pytestmark = pytest.mark.anyio
 

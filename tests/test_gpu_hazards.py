@@ -17,7 +17,7 @@ from transports.gpu.copy import CHUNK
 from transports.gpu.session import Buffer
 from transports.sim import Fault, FaultRule
 from transports.sim.server import SimServer
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,8 @@ from aio_runtime import (
 from aio_runtime.testing import virtual_time
 from transports.sim import Fault, FaultPlan, FaultRule
 from transports.sim.bridge import FENCE_XDATA, SimBridge
-from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, SimUsbTransport, UsbStall
+from transports.sim.usb import SimUsbTransport
+from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, UsbStall
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from aio_runtime import Readiness, now
 from transports.gpu import Buffer, GpuSession, SessionConfig
 from transports.sim import FaultPlan
 from transports.sim.gpu import SimDevice, SimGpu
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 __all__ = ["MODEL_KERNEL", "PhaseTimes", "SimAccelerator", "simulated_device"]
 

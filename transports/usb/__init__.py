@@ -8,13 +8,11 @@ from .base import (
     UsbTransfer,
     UsbTransport,
 )
-from .sim import SimUsbTransport
 
 __all__ = [
     "CONTROL_IN",
     "CONTROL_OUT",
     "ShortTransfer",
-    "SimUsbTransport",
     "UsbStall",
     "UsbTransfer",
     "UsbTransport",

@@ -1,4 +1,4 @@
-"""The simulated backend: USB transfers as URBs into a :class:`~transports.sim.bridge.SimBridge`.
+"""The simulated USB backend: transfers as URBs into a :class:`~transports.sim.bridge.SimBridge`.
 
 In-process (the default) the bridge runs on the caller's event loop and, under virtual time, the
 simulation is deterministic: its behaviour is a function of the loop clock and of its fault plan.
@@ -23,9 +23,7 @@ from aio_runtime import (
     loop_caller,
 )
 
-from ..sim.bridge import SimBridge
-from ..sim.urb import SimUrb, UrbStatus
-from .base import (
+from ..usb.base import (
     CONTROL_IN,
     CONTROL_OUT,
     UsbStall,
@@ -34,6 +32,8 @@ from .base import (
     describe_control,
     require_length,
 )
+from .bridge import SimBridge
+from .urb import SimUrb, UrbStatus
 
 __all__ = ["SimUsbTransport"]
 
