@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import anyio
 
 from transports.gpu import GpuSession, SessionConfig
-from transports.hwdefs import Sdma
+from transports.protocol.gpu import Sdma
 from transports.sim.bridge import SimBridge
 from transports.sim.engines import CopyEngine
 from transports.sim.gpu import SimDevice

@@ -261,6 +261,34 @@ def test_importing_the_usb_transports_does_not_load_the_simulator():
         assert not simulator, f"importing {module} loads {simulator}"
 
 
+def vendor_request_literals(path: str, tree: ast.AST) -> list[str]:
+    """Integer literals spelling one of the bridge's vendor requests, outside the protocol module
+    that names them (:class:`transports.protocol.bridge.VendorRequest`)."""
+    from transports.protocol.bridge import VendorRequest
+
+    if path.startswith("transports/protocol/"):
+        return []
+    codes = {int(request) for request in VendorRequest}
+    return [
+        f"{path}:{node.lineno}: 0x{node.value:X}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value in codes
+    ]
+
+
+def test_the_bridge_s_vendor_requests_are_named_not_spelled_as_numbers():
+    found = [
+        hit for path, tree in sources("transports") for hit in vendor_request_literals(path, tree)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_vendor_request_scan_sees_a_bare_request_code():
+    tree = ast.parse("await usb.control_out(0x40, 0xE4, 0, 0)\n")
+    assert vendor_request_literals("transports/bridge.py", tree) == ["transports/bridge.py:1: 0xE4"]
+    assert not vendor_request_literals("transports/protocol/bridge.py", tree)
+
+
 FIRST_IMPORTS = """
 import importlib, sys
 packages, names = sys.argv[1].split(","), sys.argv[2:]

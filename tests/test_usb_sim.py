@@ -16,8 +16,9 @@ from aio_runtime import (
     deadline_scope,
 )
 from aio_runtime.testing import virtual_time
+from transports.protocol.bridge import FENCE_XDATA
 from transports.sim import Fault, FaultPlan, FaultRule
-from transports.sim.bridge import FENCE_XDATA, SimBridge
+from transports.sim.bridge import SimBridge
 from transports.sim.usb import SimUsbTransport
 from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, UsbStall
 

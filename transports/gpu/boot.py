@@ -22,8 +22,8 @@ from aio_runtime import (
     wait_until,
 )
 
-from .. import hwdefs as hw
 from ..bridge import BridgeClient
+from ..protocol import gpu as hw
 
 __all__ = ["BLOCKS", "BootLog", "BridgeRegisters", "Psp", "boot_mode"]
 

@@ -46,10 +46,10 @@ from aio_runtime import (
     wait_until,
 )
 
-from .. import hwdefs as hw
 from ..bridge import BridgeClient
 from ..errors import GpuFault
-from ..hwdefs import (
+from ..protocol import gpu as hw
+from ..protocol.bridge import (
     CQ_RELEASE_PCIE,
     EP_BULK_IN,
     EP_BULK_OUT,
@@ -63,16 +63,7 @@ from ..hwdefs import (
 from ..usb import UsbTransfer
 from .queues import Packets, Ring
 
-__all__ = [
-    "CHUNK",
-    "HALF",
-    "MAX_BATCH",
-    "SLOT",
-    "CopyProtocol",
-    "CopyStatistics",
-    "GpuFault",
-    "sentinel",
-]
+__all__ = ["CHUNK", "HALF", "MAX_BATCH", "CopyProtocol", "CopyStatistics", "sentinel"]
 
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128

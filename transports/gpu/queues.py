@@ -2,7 +2,7 @@
 
 A :class:`Ring` lives in VRAM; :meth:`Ring.submit` writes packets at the write pointer with one
 streaming write (two where they wrap) and rings the doorbell — the write-pointer register — with a
-posted write. Packet formats: :mod:`transports.hwdefs`.
+posted write. Packet formats: :mod:`transports.protocol.gpu`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import struct
 
 from aio_runtime import Layer, SignalTimeout, wait_until
 
-from .. import hwdefs as hw
 from ..bridge import BridgeClient
+from ..protocol import gpu as hw
 
 __all__ = ["Packets", "Ring"]
 

@@ -38,10 +38,10 @@ from aio_runtime import (
     wait_until,
 )
 
-from .. import hwdefs as hw
 from ..bridge import BridgeClient, Channel
 from ..errors import GpuFault
-from ..hwdefs import EP_BULK_OUT, SRAM_PCIE
+from ..protocol import gpu as hw
+from ..protocol.bridge import EP_BULK_OUT, SRAM_PCIE
 from ..usb import UsbTransport
 from .boot import BootLog, BridgeRegisters, Psp, boot_mode, smu_mailbox
 from .copy import CopyProtocol
