@@ -48,15 +48,16 @@ from .protocol.bridge import (
     SECTOR,
     SLOT,
     SRAM_SLOTS,
-    Completion,
+    PcieCompletion,
     StreamMode,
-    Tlp,
     TlpType,
     VendorRequest,
     byte_enables,
     completion_name,
     config_address,
     pack_arm,
+    pack_tlp,
+    unpack_completion,
 )
 from .usb import CONTROL_IN, CONTROL_OUT, UsbTransport
 
@@ -206,26 +207,33 @@ class BridgeClient:
 
     # -- PCIe requests ---------------------------------------------------------------------
 
-    async def _send(self, tlp: Tlp, mode: StreamMode = StreamMode.SINGLE) -> None:
+    async def _send(
+        self,
+        fmt_type: int,
+        address: int,
+        word: int,
+        enables: int = 0,
+        mode: StreamMode = StreamMode.SINGLE,
+    ) -> None:
+        value, data = pack_tlp(fmt_type, address, word, enables)
         await self.usb.control_out(
-            CONTROL_OUT,
-            VendorRequest.PCIE,
-            tlp.value,
-            mode,
-            tlp.data(),
-            timeout=self.control_timeout,
+            CONTROL_OUT, VendorRequest.PCIE, value, mode, data, timeout=self.control_timeout
         )
 
-    async def _request(self, tlp: Tlp, awaited: str) -> int:
+    async def _request(
+        self, fmt_type: int, address: int, word: int, enables: int, awaited: str
+    ) -> int:
         """One TLP with a completion: issue, read the completion, retry while the bridge is busy."""
         async with self.completion.hold(awaited):
-            return await self._request_held(tlp, awaited)
+            return await self._request_held(fmt_type, address, word, enables, awaited)
 
-    async def _request_held(self, tlp: Tlp, awaited: str) -> int:
+    async def _request_held(
+        self, fmt_type: int, address: int, word: int, enables: int, awaited: str
+    ) -> int:
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
         attempts = 0
 
-        async def attempt() -> Completion:
+        async def attempt() -> PcieCompletion:
             nonlocal attempts
             attempts += 1
             if attempts > self.retries + 1:
@@ -233,7 +241,9 @@ class BridgeClient:
                     f"{awaited}: the bridge answered 'retry' {self.retries + 1} times",
                     awaited=awaited,
                 )
-            await bound.run(self._send(tlp), awaited=f"{awaited}: request")
+            await bound.run(
+                self._send(fmt_type, address, word, enables), awaited=f"{awaited}: request"
+            )
             raw = await bound.run(
                 self.usb.control_in(
                     CONTROL_IN,
@@ -245,7 +255,7 @@ class BridgeClient:
                 ),
                 awaited=f"{awaited}: completion",
             )
-            return Completion.unpack(raw)
+            return unpack_completion(raw)
 
         completion = await wait_until(
             attempt,
@@ -267,9 +277,7 @@ class BridgeClient:
         """A configuration read of one dword (type 1 past bus 0)."""
         awaited = f"PCIe config read {bus:02x}:{device:02x}.{function} +0x{register:x}"
         address = config_address(bus, device, function, register)
-        return await self._request(
-            Tlp(TlpType.config(bus, write=False), address, byte_enables=0xF), awaited
-        )
+        return await self._request(TlpType.config(bus, write=False), address, 0, 0xF, awaited)
 
     async def config_write(
         self, bus: int, device: int, function: int, register: int, value: int, size: int = 4
@@ -278,23 +286,22 @@ class BridgeClient:
         enables = byte_enables(register, size)
         shifted = (value << (8 * (register & 3))) & 0xFFFFFFFF
         address = config_address(bus, device, function, register)
-        await self._request(
-            Tlp(TlpType.config(bus, write=True), address, shifted, enables), awaited
-        )
+        await self._request(TlpType.config(bus, write=True), address, shifted, enables, awaited)
 
     async def mem_read(self, address: int, size: int = 4) -> int:
         """A memory read of 1, 2 or 4 bytes (MMIO)."""
-        tlp = Tlp(
-            TlpType.memory(address, write=False), address & ~3, 0, byte_enables(address, size)
+        enables = byte_enables(address, size)
+        awaited = f"PCIe memory read 0x{address:x} ({size} bytes)"
+        word = await self._request(
+            TlpType.memory(address, write=False), address & ~3, 0, enables, awaited
         )
-        word = await self._request(tlp, f"PCIe memory read 0x{address:x} ({size} bytes)")
         return (word >> (8 * (address & 3))) & ((1 << (8 * size)) - 1)
 
     async def mem_write(self, address: int, value: int, size: int = 4) -> None:
         """A posted memory write of 1, 2 or 4 bytes (MMIO)."""
         enables = byte_enables(address, size)
         shifted = (value << (8 * (address & 3))) & 0xFFFFFFFF
-        await self._send(Tlp(TlpType.memory(address, write=True), address & ~3, shifted, enables))
+        await self._send(TlpType.memory(address, write=True), address & ~3, shifted, enables)
 
     async def write_stream(self, address: int, data: bytes | bytearray | memoryview) -> None:
         """A streaming memory write: the data rides the bulk OUT endpoint."""
@@ -325,8 +332,10 @@ class BridgeClient:
     ) -> WaitBound:
         """Send a stream's request (the caller holds its pipe); the stream's bound, for its data."""
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        tlp = Tlp(TlpType.memory(address, write=mode is StreamMode.WRITE), address, length // 4)
-        await bound.run(self._send(tlp, mode), awaited=f"{awaited}: request")
+        fmt_type = TlpType.memory(address, write=mode is StreamMode.WRITE)
+        await bound.run(
+            self._send(fmt_type, address, length // 4, mode=mode), awaited=f"{awaited}: request"
+        )
         return bound
 
     @contextlib.asynccontextmanager

@@ -26,21 +26,26 @@ Vendor requests (bmRequestType 0x40 out, 0xC0 in):
 - ``0xE5`` out (``WRITE_XDATA``): ``wValue`` = XDATA address, ``wIndex`` = the byte.
 - ``0xF3`` out (``POWER``): PCIe power, ``wValue`` 1 = on, 0 = off. The link trains some time after
   power-on (the LTSSM byte reads :data:`LINK_UP` from then on).
-- ``0xF0`` out (``PCIE``): a PCIe request, a :class:`Tlp`. ``wValue`` = TLP fmt/type | byte-enables
-  << 8 (the enabled byte lanes of the dword at the dword-aligned address; data sits in its lanes);
-  ``wIndex`` = the :class:`StreamMode`: 0 one TLP, 1 streaming memory write (the data follows on
-  bulk OUT), 2 streaming memory read (the data comes back on bulk IN). Data: 12 bytes = address
-  low, address high, and the value (mode 0) or the dword count (modes 1, 2), little-endian u32 each.
-- ``0xF0`` in: 8 bytes, the :class:`Completion` of the last non-posted TLP: u32 data, the
+- ``0xF0`` out (``PCIE``): a PCIe request, a :class:`Tlp` (:func:`pack_tlp`). ``wValue`` = TLP
+  fmt/type | byte-enables << 8 (the enabled byte lanes of the dword at the dword-aligned address;
+  data sits in its lanes); ``wIndex`` = the :class:`StreamMode`: 0 one TLP, 1 streaming memory
+  write (the data follows on bulk OUT), 2 streaming memory read (the data comes back on bulk IN).
+  Data: 12 bytes = address low, address high, and the value (mode 0) or the dword count (modes 1,
+  2), little-endian u32 each.
+- ``0xF0`` in: 8 bytes, the :class:`PcieCompletion` of the last non-posted TLP: u32 data, the
   :class:`CompletionStatus` in bits 5-7 of byte 4, and the bridge's own return status in byte 7
   (non-zero: "busy, retry the request").
 - ``0xF2`` out (``ARM_SRAM``): arm the SRAM DMA engine for the next bulk transfer, an
-  :class:`SramArm`. ``wValue`` = number of 512-byte sectors, bit 15 set for a read (SRAM to host);
-  ``wIndex`` = start slot | slot count << 8. An armed write takes the next bulk OUT into SRAM; an
-  armed read answers the next bulk IN only once the GPU has released it through the cq page.
+  :class:`SramArm` (:func:`pack_arm`). ``wValue`` = number of 512-byte sectors, bit 15 set for a
+  read (SRAM to host); ``wIndex`` = start slot | slot count << 8. An armed write takes the next
+  bulk OUT into SRAM; an armed read answers the next bulk IN only once the GPU has released it
+  through the cq page.
 
 Configuration TLPs carry bus/device/function in the address (:func:`config_address`); type
 0x04/0x44 (read/write, type 0: bus 0), 0x05/0x45 (type 1: the buses behind it).
+
+The host packs (``pack_*``) with plain functions that return what goes on the wire — some run
+once per copy chunk — and the simulator unpacks (``unpack_*``) into named tuples.
 """
 
 from __future__ import annotations
@@ -73,8 +78,8 @@ __all__ = [
     "SYS_XDATA",
     "TLP_SIZE",
     "XDATA_SIZE",
-    "Completion",
     "CompletionStatus",
+    "PcieCompletion",
     "SramArm",
     "StreamMode",
     "Tlp",
@@ -85,8 +90,12 @@ __all__ = [
     "config_address",
     "enabled_lanes",
     "pack_arm",
+    "pack_completion",
+    "pack_tlp",
     "parse_config_address",
     "unpack_arm",
+    "unpack_completion",
+    "unpack_tlp",
 ]
 
 # -- identity and endpoints ----------------------------------------------------------------------
@@ -179,8 +188,8 @@ _TLP = struct.Struct("<III")
 
 
 class Tlp(NamedTuple):
-    """One ``PCIE`` request: :attr:`value` is its ``wValue``, :meth:`data` its data stage. ``word``
-    is the value (a single TLP) or the dword count (a stream)."""
+    """One ``PCIE`` request, as the bridge parses it (:func:`unpack_tlp`). ``word`` is the value (a
+    single TLP) or the dword count (a stream)."""
 
     fmt_type: int
     address: int
@@ -188,22 +197,19 @@ class Tlp(NamedTuple):
     byte_enables: int = 0
 
     @property
-    def value(self) -> int:
-        return self.fmt_type | self.byte_enables << 8
-
-    def data(self) -> bytes:
-        return _TLP.pack(self.address & 0xFFFF_FFFF, self.address >> 32, self.word)
-
-    @classmethod
-    def unpack(cls, value: int, data: bytes) -> Tlp:
-        """The request from its ``wValue`` and its :data:`TLP_SIZE`-byte data stage."""
-        low, high, word = _TLP.unpack(data)
-        return cls(value & 0xFF, high << 32 | low, word, (value >> 8) & 0xFF)
-
-    @property
     def kind(self) -> TlpType | None:
         """The request's type, if the protocol has it."""
         return _TLP_TYPES.get(self.fmt_type)
+
+
+def pack_tlp(fmt_type: int, address: int, word: int = 0, enables: int = 0) -> tuple[int, bytes]:
+    """The ``wValue`` and the :data:`TLP_SIZE`-byte data stage of a ``PCIE`` request."""
+    return fmt_type | enables << 8, _TLP.pack(address & 0xFFFF_FFFF, address >> 32, word)
+
+
+def unpack_tlp(value: int, data: bytes) -> Tlp:
+    low, high, word = _TLP.unpack(data)
+    return Tlp(value & 0xFF, high << 32 | low, word, (value >> 8) & 0xFF)
 
 
 _TLP_TYPES = {int(kind): kind for kind in TlpType}
@@ -261,7 +267,7 @@ COMPLETION_SIZE = 8
 _COMPLETION = struct.Struct("<IBBBB")
 
 
-class Completion(NamedTuple):
+class PcieCompletion(NamedTuple):
     """The answer to ``PCIE`` in: the last non-posted TLP's data and status, and the bridge's own
     return status (non-zero: busy, retry)."""
 
@@ -269,18 +275,21 @@ class Completion(NamedTuple):
     status: int = CompletionStatus.SUCCESS
     bridge_status: int = 0
 
-    def pack(self) -> bytes:
-        return _COMPLETION.pack(self.data & 0xFFFF_FFFF, self.status << 5, 0, 0, self.bridge_status)
-
     def __str__(
         self,
     ) -> str:  # a timeout reports the last one seen as (data, status, bridge status)
         return str(tuple(self))
 
-    @classmethod
-    def unpack(cls, raw: bytes) -> Completion:
-        data, status_byte, _, _, bridge_status = _COMPLETION.unpack(raw)
-        return cls(data, status_byte >> 5, bridge_status)
+
+def pack_completion(
+    data: int, status: int = CompletionStatus.SUCCESS, bridge_status: int = 0
+) -> bytes:
+    return _COMPLETION.pack(data & 0xFFFF_FFFF, status << 5, 0, 0, bridge_status)
+
+
+def unpack_completion(raw: bytes) -> PcieCompletion:
+    data, status_byte, _, _, bridge_status = _COMPLETION.unpack(raw)
+    return PcieCompletion(data, status_byte >> 5, bridge_status)
 
 
 # -- the SRAM DMA engine -------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from ..protocol.bridge import (
     Tlp,
     VendorRequest,
     unpack_arm,
+    unpack_tlp,
 )
 from ..usb.base import CONTROL_IN, CONTROL_OUT
 from .faults import Fault, FaultPlan
@@ -403,7 +404,7 @@ class SimBridge:
             raise Refused(
                 f"0x{VendorRequest.PCIE:X} request carries {len(data)} bytes, expected {TLP_SIZE}"
             )
-        tlp = Tlp.unpack(value, data)
+        tlp = unpack_tlp(value, data)
         if mode in (StreamMode.WRITE, StreamMode.READ):
             return self._stream_request(tlp, mode)
         if mode != StreamMode.SINGLE:

@@ -1,7 +1,7 @@
 """The simulated bridge's PCIe port: the host's PCIe requests, carried out on what sits behind the
 bridge (a :class:`PcieTarget`: the simulated GPU), and the completion register they leave behind.
 
-A non-posted request leaves its :class:`~transports.protocol.bridge.Completion` to be read: the
+A non-posted request leaves its :class:`~transports.protocol.bridge.PcieCompletion` to be read: the
 target's data, "unsupported request" for an address nothing claims or while the link is down, or
 the bridge's own "busy, retry" under a ``TLP_RETRY_STORM`` fault. A posted write to an address
 nothing claims, or over a link that is down, is dropped; a stream's read nobody claims reads all
@@ -15,11 +15,11 @@ from typing import Protocol
 
 from ..protocol.bridge import (
     COMPLETION_SIZE,
-    Completion,
     CompletionStatus,
     Tlp,
     TlpType,
     enabled_lanes,
+    pack_completion,
     parse_config_address,
 )
 from .faults import Fault, FaultPlan
@@ -124,4 +124,4 @@ class PciePort:
     def _complete(
         self, data: int, status: CompletionStatus = CompletionStatus.SUCCESS, bridge_status: int = 0
     ) -> None:
-        self.completion = Completion(data, status, bridge_status).pack()
+        self.completion = pack_completion(data, status, bridge_status)
