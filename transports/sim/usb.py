@@ -12,25 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aio_runtime import (
-    Completion,
-    DeviceLost,
-    Layer,
-    TransferError,
-    UsbTransferTimeout,
-    WaitBound,
-    current_ledger,
-    loop_caller,
-)
+from aio_runtime import Completion, DeviceLost, Layer, WaitBound, loop_caller
 
+from ..usb.backend import Payload, Setup, TransportBase
 from ..usb.base import (
     CONTROL_IN,
     CONTROL_OUT,
-    UsbStall,
+    TransferOutcome,
     UsbTransfer,
-    describe_bulk,
-    describe_control,
-    require_length,
+    in_ledger,
 )
 from .bridge import SimBridge
 from .urb import SimUrb, UrbStatus
@@ -39,39 +29,51 @@ __all__ = ["SimUsbTransport"]
 
 Call = Callable[..., object]
 
+_OUTCOMES = {
+    UrbStatus.COMPLETED: TransferOutcome.COMPLETED,
+    UrbStatus.STALL: TransferOutcome.STALL,
+    UrbStatus.NO_DEVICE: TransferOutcome.NO_DEVICE,
+    UrbStatus.CANCELLED: TransferOutcome.CANCELLED,
+}
+
 
 def _direct(fn: Callable[..., object], *args: Any) -> object:
     return fn(*args)
 
 
-class SimUsbTransport:
-    """A :class:`~transports.usb.UsbTransport` over a simulated bridge."""
+class SimUsbTransport(TransportBase):
+    """A :class:`~transports.usb.UsbTransport` over a simulated bridge. It takes the bridge's
+    vendor requests only (request types 0x40 and 0xC0)."""
 
     def __init__(self, bridge: SimBridge, *, call: Call | None = None) -> None:
+        super().__init__()
         self.bridge = bridge
         self._call = call if call is not None else _direct
         self._threaded = call is not None
-        self._closed = False
-        self._lost = False
 
-    def _submit(self, urb: SimUrb, timeout: float | None, *, exact: int) -> UsbTransfer[Any]:
-        if urb.endpoint == 0:
-            awaited = describe_control(urb.is_in, urb.request, urb.value, urb.index, urb.length)
-        else:
-            awaited = describe_bulk(urb.endpoint, urb.length if urb.is_in else len(urb.data))
-        if self._closed:
-            raise DeviceLost(f"{awaited}: transport closed", layer=Layer.USB_TRANSFER)
-        if self._lost:
-            raise DeviceLost(
-                f"{awaited}: the device went away; open it again", layer=Layer.USB_TRANSFER
+    def _check_request_type(self, is_in: bool, request_type: int, request: int) -> None:
+        expected = CONTROL_IN if is_in else CONTROL_OUT
+        if request_type != expected:
+            direction = "IN" if is_in else "OUT"
+            raise ValueError(
+                f"control {direction} 0x{request:02x}: the bridge takes vendor {direction} "
+                f"requests (0x{expected:02X})"
             )
-        bound = WaitBound(awaited=awaited, error=UsbTransferTimeout, timeout=timeout)
+
+    def _submit(
+        self, bound: WaitBound, endpoint: int, setup: Setup | None, payload: Payload
+    ) -> UsbTransfer[Any]:
+        data, length = (b"", payload) if isinstance(payload, int) else (payload, 0)
+        if setup is None:
+            urb = SimUrb(endpoint, data=data, length=length)
+        else:
+            request_type, request, value, index = setup
+            urb = SimUrb(endpoint, request_type, request, value, index, data=data, length=length)
         completion: Completion[SimUrb] = Completion()
-        ledger = current_ledger()
-        entry = ledger.open("usb transfer", awaited)
+        close_entry = in_ledger(bound.awaited)
 
         def completed(done: SimUrb) -> None:
-            ledger.close(entry)
+            close_entry()
             completion.set_result(done)
 
         if self._threaded:  # completions arrive on the simulation's thread
@@ -81,83 +83,19 @@ class SimUsbTransport:
             urb.on_complete = completed
 
         def finish(done: SimUrb) -> Any:
-            return self._outcome(done, awaited, exact)
+            outcome = _OUTCOMES.get(done.status) if done.status else None
+            if outcome is None:
+                return self._result(bound, payload, TransferOutcome.ERROR, detail="not completed")
+            return self._result(bound, payload, outcome, done.actual, done.result, done.error)
 
         self._call(self.bridge.submit, urb)
         return UsbTransfer(
-            awaited=awaited,
+            awaited=bound.awaited,
             bound=bound,
             completion=completion,
             cancel=lambda: self._call(self.bridge.discard, urb),
             finish=finish,
         )
-
-    def _outcome(self, urb: SimUrb, awaited: str, exact: int) -> Any:
-        if urb.status is UrbStatus.NO_DEVICE:
-            self._lost = True  # like a libusb handle after an unplug: dead for good
-            raise DeviceLost(f"{awaited}: no device", layer=Layer.USB_TRANSFER, awaited=awaited)
-        if urb.status is UrbStatus.STALL:
-            raise UsbStall(f"{awaited}: stall ({urb.error})", awaited=awaited)
-        if urb.status is not UrbStatus.COMPLETED:
-            raise TransferError(
-                f"{awaited}: {urb.status.value if urb.status else 'not completed'}"
-                + (f" ({urb.error})" if urb.error else ""),
-                awaited=awaited,
-                layer=Layer.USB_TRANSFER,
-            )
-        require_length(awaited, urb.actual, exact)
-        return urb.result if urb.is_in else None
-
-    async def control_out(
-        self,
-        request_type: int,
-        request: int,
-        value: int,
-        index: int,
-        data: bytes = b"",
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        if request_type != CONTROL_OUT:
-            raise ValueError(
-                f"control OUT 0x{request:02x}: the bridge takes vendor OUT requests (0x40)"
-            )
-        urb = SimUrb(0, request_type, request, value, index, data=bytes(data))
-        await self._submit(urb, timeout, exact=len(data)).wait()
-
-    async def control_in(
-        self,
-        request_type: int,
-        request: int,
-        value: int,
-        index: int,
-        length: int,
-        *,
-        timeout: float | None = None,
-    ) -> bytes:
-        if request_type != CONTROL_IN:
-            raise ValueError(
-                f"control IN 0x{request:02x}: the bridge takes vendor IN requests (0xC0)"
-            )
-        urb = SimUrb(0, request_type, request, value, index, length=length)
-        result: bytes = await self._submit(urb, timeout, exact=length).wait()
-        return result
-
-    def submit_bulk_out(
-        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
-    ) -> UsbTransfer[None]:
-        return self._submit(SimUrb(endpoint, data=data), timeout, exact=len(data))
-
-    async def bulk_out(
-        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
-    ) -> None:
-        await self.submit_bulk_out(endpoint, data, timeout=timeout).wait()
-
-    async def bulk_in(self, endpoint: int, length: int, *, timeout: float | None = None) -> bytes:
-        result: bytes = await self._submit(
-            SimUrb(endpoint, length=length), timeout, exact=length
-        ).wait()
-        return result
 
     async def reset(self, *, timeout: float | None = None) -> None:
         """A USB port reset: the bridge cancels transfers in flight, drops arms and streams."""
