@@ -158,28 +158,33 @@ class TlpType(enum.IntEnum):
     @classmethod
     def memory(cls, address: int, *, write: bool) -> TlpType:
         """A memory request: 64-bit addressing where the address needs it."""
-        if write:
-            return cls.MWR64 if address >> 32 else cls.MWR32
-        return cls.MRD64 if address >> 32 else cls.MRD32
+        return _MEMORY[write][address >> 32 != 0]
 
     @classmethod
     def config(cls, bus: int, *, write: bool) -> TlpType:
         """A configuration request: type 0 reaches bus 0 only, type 1 the buses behind it."""
-        return cls((cls.CFG_WRITE0 if write else cls.CFG_READ0) + (bus > 0))
+        return _CONFIG[write][bus > 0]
 
     @property
     def posted(self) -> bool:
         """A memory write: no completion comes back."""
-        return self in (TlpType.MWR32, TlpType.MWR64)
+        return self in _POSTED
 
     @property
     def is_memory(self) -> bool:
-        return self in (TlpType.MRD32, TlpType.MRD64, TlpType.MWR32, TlpType.MWR64)
+        return self in _MEMORY_TYPES
 
     @property
     def config_type(self) -> int:
         """0 or 1 for a configuration request (bit 0 of the type)."""
         return self & 1
+
+
+# Looked up, not spelled as enum attributes: the host builds a TLP per register access.
+_MEMORY = ((TlpType.MRD32, TlpType.MRD64), (TlpType.MWR32, TlpType.MWR64))
+_CONFIG = ((TlpType.CFG_READ0, TlpType.CFG_READ1), (TlpType.CFG_WRITE0, TlpType.CFG_WRITE1))
+_POSTED = frozenset(_MEMORY[True])
+_MEMORY_TYPES = frozenset(_MEMORY[False] + _MEMORY[True])
 
 
 TLP_SIZE = 12

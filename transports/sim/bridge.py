@@ -47,6 +47,8 @@ __all__ = ["MAX_ARMS", "SimBridge"]
 MAX_ARMS = 4
 """How many SRAM arms the DMA engine queues ahead of their bulk transfers."""
 
+_SINGLE, _WRITE, _STREAMS = StreamMode.SINGLE, StreamMode.WRITE, {StreamMode.WRITE, StreamMode.READ}
+
 
 @dataclass(eq=False)
 class _Arm:
@@ -144,7 +146,9 @@ class SimBridge:
 
     def submit(self, urb: SimUrb) -> None:
         """Take a transfer; it completes now, later, or (a fault) never."""
-        self._record(urb)
+        kind = f"{'control' if urb.endpoint == 0 else 'bulk'}_{'in' if urb.is_in else 'out'}"
+        size = urb.length if urb.is_in else len(urb.data)
+        self.requests.append((kind, urb.request or urb.endpoint, urb.value or size, urb.index))
         if self._gone:
             self._reappear()
         if self._lost_to_a_fault(urb):
@@ -154,11 +158,6 @@ class SimBridge:
             self._control(urb, cut)
         else:
             self._enqueue(urb, cut)
-
-    def _record(self, urb: SimUrb) -> None:
-        kind = f"{'control' if urb.endpoint == 0 else 'bulk'}_{'in' if urb.is_in else 'out'}"
-        size = urb.length if urb.is_in else len(urb.data)
-        self.requests.append((kind, urb.request or urb.endpoint, urb.value or size, urb.index))
 
     def _lost_to_a_fault(self, urb: SimUrb) -> bool:
         """``DISCONNECT`` (the transfer fails with no device) or ``USB_TIMEOUT`` (it is never
@@ -405,9 +404,9 @@ class SimBridge:
                 f"0x{VendorRequest.PCIE:X} request carries {len(data)} bytes, expected {TLP_SIZE}"
             )
         tlp = unpack_tlp(value, data)
-        if mode in (StreamMode.WRITE, StreamMode.READ):
+        if mode in _STREAMS:
             return self._stream_request(tlp, mode)
-        if mode != StreamMode.SINGLE:
+        if mode != _SINGLE:
             raise Refused(f"0x{VendorRequest.PCIE:X} mode {mode}")
         self.pcie.request(tlp)
         return True
@@ -423,7 +422,7 @@ class SimBridge:
             return False  # a zero-length stream hangs the bridge (spec U15)
         if self._ltssm() != LINK_UP:
             raise Refused(f"0x{VendorRequest.PCIE:X} stream with the PCIe link down")
-        write = mode == StreamMode.WRITE
+        write = mode == _WRITE
         self._stream = _Stream(write, tlp.address, tlp.word * 4)
         endpoint = EP_BULK_OUT if write else EP_BULK_IN
         if self._queues[endpoint]:

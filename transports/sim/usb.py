@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aio_runtime import Completion, DeviceLost, Layer, WaitBound, loop_caller
+from aio_runtime import Completion, DeviceLost, Layer, WaitBound, current_ledger, loop_caller
 
 from ..usb.backend import Payload, Setup, TransportBase
 from ..usb.base import (
     CONTROL_IN,
     CONTROL_OUT,
+    LEDGER_KIND,
     TransferOutcome,
     UsbTransfer,
-    in_ledger,
 )
 from .bridge import SimBridge
 from .urb import SimUrb, UrbStatus
@@ -70,10 +70,11 @@ class SimUsbTransport(TransportBase):
             request_type, request, value, index = setup
             urb = SimUrb(endpoint, request_type, request, value, index, data=data, length=length)
         completion: Completion[SimUrb] = Completion()
-        close_entry = in_ledger(bound.awaited)
+        ledger = current_ledger()
+        entry = ledger.open(LEDGER_KIND, bound.awaited)
 
         def completed(done: SimUrb) -> None:
-            close_entry()
+            ledger.close(entry)
             completion.set_result(done)
 
         if self._threaded:  # completions arrive on the simulation's thread

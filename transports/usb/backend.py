@@ -69,7 +69,8 @@ class TransportBase(abc.ABC):
         setup: Setup | None,
         payload: Payload,
     ) -> UsbTransfer[Any]:
-        self._check_open(awaited)
+        if self._closed or self._lost:
+            self._check_open(awaited)
         bound = WaitBound(awaited=awaited, error=UsbTransferTimeout, timeout=timeout)
         return self._submit(bound, endpoint, setup, payload)
 

@@ -31,13 +31,13 @@ from aio_runtime import (
     Layer,
     TransferError,
     WaitBound,
-    current_ledger,
     wait_complete,
 )
 
 __all__ = [
     "CONTROL_IN",
     "CONTROL_OUT",
+    "LEDGER_KIND",
     "ShortTransfer",
     "TransferOutcome",
     "UsbStall",
@@ -45,7 +45,6 @@ __all__ = [
     "UsbTransport",
     "describe_bulk",
     "describe_control",
-    "in_ledger",
     "library_timeout_ms",
     "outcome_result",
     "require_length",
@@ -58,6 +57,8 @@ CONTROL_OUT = 0x40
 """bmRequestType of a vendor request to the device."""
 CONTROL_IN = 0xC0
 """bmRequestType of a vendor request from the device."""
+LEDGER_KIND = "usb transfer"
+"""What a transfer is in the ledger, from its submission until the library lets go of it."""
 
 
 def describe_control(is_in: bool, request: int, value: int, index: int, length: int) -> str:
@@ -151,14 +152,6 @@ def outcome_result(
         require_length(bound.awaited, actual, exact)
         return data if is_in else None
     raise transfer_error(outcome, bound, detail)
-
-
-def in_ledger(awaited: str) -> Callable[[], None]:
-    """Enter a transfer in the current ledger ("usb transfer"); call what this returns once the
-    library has let go of the transfer's buffer."""
-    ledger = current_ledger()
-    entry = ledger.open("usb transfer", awaited)
-    return lambda: ledger.close(entry)
 
 
 class UsbTransfer(Generic[T]):

@@ -38,6 +38,7 @@ from aio_runtime import (
     TransferError,
     UsbTransferTimeout,
     WaitBound,
+    current_ledger,
     get_logger,
     map_exceptions,
     run_in_thread,
@@ -46,10 +47,10 @@ from aio_runtime import (
 from ..protocol.bridge import BRIDGE_IDS, BRIDGE_PRODUCTS
 from .backend import Payload, Setup, TransportBase
 from .base import (
+    LEDGER_KIND,
     TransferOutcome,
     UsbStall,
     UsbTransfer,
-    in_ledger,
     library_timeout_ms,
     outcome_result,
 )
@@ -131,7 +132,7 @@ class LibusbTransport(TransportBase):
         transfer = self.handle.getTransfer()
 
         def completed(status: int, actual: int, data: bytes) -> None:
-            close_entry()
+            ledger.close(entry)
             self._in_flight.pop(transfer, None)
             completion.set_result((status, actual, data))
 
@@ -141,7 +142,8 @@ class LibusbTransport(TransportBase):
             done.doom()  # python-libusb1 frees it once this callback returns
             self.context.on_loop(lambda: completed(status, actual, data))
 
-        close_entry = in_ledger(bound.awaited)
+        ledger = current_ledger()
+        entry = ledger.open(LEDGER_KIND, bound.awaited)
         try:
             ms = library_timeout_ms(bound.remaining())
             if setup is None:
@@ -151,7 +153,7 @@ class LibusbTransport(TransportBase):
             with map_exceptions(_SUBMIT_ERRORS, layer=Layer.USB_TRANSFER, awaited=bound.awaited):
                 transfer.submit()
         except BaseException as exc:
-            close_entry()
+            ledger.close(entry)
             transfer.close()
             self._noted(exc)
             raise

@@ -41,6 +41,7 @@ from aio_runtime import (
     TransferError,
     UsbTransferTimeout,
     WaitBound,
+    current_ledger,
     get_logger,
     map_exceptions,
     run_in_thread,
@@ -49,9 +50,9 @@ from aio_runtime import (
 from ..protocol.bridge import BRIDGE_IDS, BRIDGE_PRODUCTS
 from .backend import Payload, Setup, TransportBase
 from .base import (
+    LEDGER_KIND,
     TransferOutcome,
     UsbTransfer,
-    in_ledger,
     library_timeout_ms,
     transfer_error,
 )
@@ -118,7 +119,8 @@ class PyusbTransport(TransportBase):
         deadline = time.monotonic() + bound.remaining()  # the worker has no loop clock
         completion: Completion[tuple[str, Any]] = Completion()
         setter = completion.threadsafe_setter()
-        close_entry = in_ledger(bound.awaited)
+        ledger = current_ledger()
+        entry = ledger.open(LEDGER_KIND, bound.awaited)
         previous, done = self._last.get(endpoint), threading.Event()
         self._last[endpoint] = done
         context = contextvars.copy_context()
@@ -137,7 +139,7 @@ class PyusbTransport(TransportBase):
                 outcome = ("error", exc)
             finally:
                 done.set()
-                close_entry()
+                ledger.close(entry)
             setter.set_result(outcome)
 
         def finish(raw: tuple[str, Any]) -> Any:
