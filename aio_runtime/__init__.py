@@ -46,7 +46,7 @@ from .health import (
 from .log import configure_logging, get_logger, log_context
 from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
 from .ownership import Ledger, LedgerEntry, Owned, Stages, current_ledger, use_ledger
-from .signals import Fence, TimelineSignal
+from .signals import Fence, TimelineSignal, serial_reached
 from .supervision import Backoff, Supervisor, SupervisorStatistics
 from .threads import PendingCall, WorkerThread, run_in_thread
 from .waits import (
@@ -124,6 +124,7 @@ __all__ = [
     "now",
     "pause",
     "run_in_thread",
+    "serial_reached",
     "use_ledger",
     "validate_timeout",
     "wait_complete",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import anyio
 
@@ -31,11 +31,11 @@ from aio_runtime import (
     RuntimeFault,
     SignalTimeout,
     Stages,
+    TimelineSignal,
     WaitBound,
     current_ledger,
     get_logger,
     pause,
-    wait_until,
 )
 
 from ..bridge import BridgeClient, Channel
@@ -133,6 +133,10 @@ class GpuSession:
         """Per epoch: the timeline value the device had reached when that recovery began."""
         self._lingering: dict[int, Work] = {}
         """Kernels whose wait ended without their completion, by timeline value."""
+        self.timeline = TimelineSignal(
+            read=self._read_timeline, name="compute", compare_bits=32, modular=True
+        )
+        """The compute timeline as the GPU writes it: 32 bits, compared as serial numbers."""
         self._closed = False
 
     # -- open and boot -------------------------------------------------------------------------
@@ -405,48 +409,52 @@ class GpuSession:
         """Await the compute timeline reaching ``value`` (32-bit compare, as the GPU writes it);
         :class:`GpuFault` as soon as the device reports its error state, or if a recovery since
         ``epoch`` reset the queue before the kernel ran."""
-
-        def finished(state: _TimelineState) -> bool:
-            return state.error != 0 or _reached(state.value, value)
-
-        state: _TimelineState = await wait_until(
-            self._timeline,
-            finished,
-            awaited=f"compute timeline >= {value}",
-            error=SignalTimeout,
-            layer=Layer.GPU_QUEUE,
-            timeout=timeout,
-            expected=value,
+        awaited = f"compute timeline >= {value}"
+        timeline = await self._await_timeline(
+            value, f"timeline {value}", awaited=awaited, timeout=timeout
         )
-        timeline, error = state
-        if error:
-            self.readiness.mark_down(
-                ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{error:x}"
-            )
-            raise GpuFault(
-                f"the GPU entered its error state (interrupt 0x{error:x}) before timeline {value}",
-                source=error,
-                awaited=f"compute timeline >= {value}",
-            )
         for later in range(epoch + 1, self._epoch + 1):
-            if not _reached(self._completed_at[later], value):
+            if not self.timeline.reached(value, self._completed_at[later]):
                 raise GpuFault(
                     f"the kernel of timeline {value} was lost to a device recovery",
-                    awaited=f"compute timeline >= {value}",
+                    awaited=awaited,
                 )
         self._retire(timeline)
+
+    async def _await_timeline(
+        self,
+        value: int,
+        before: str,
+        *,
+        awaited: str,
+        timeout: float | None = None,
+        within: WaitBound | None = None,
+    ) -> int:
+        """The timeline once it has reached ``value``; :class:`GpuFault`, and the queue's
+        readiness down, as soon as the device reports its error state ``before`` that."""
+        try:
+            return await self.timeline.wait(value, timeout=timeout, within=within, awaited=awaited)
+        except _ErrorState as state:
+            self.readiness.mark_down(
+                ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{state.error:x}"
+            )
+            raise GpuFault(
+                f"the GPU entered its error state (interrupt 0x{state.error:x}) before {before}",
+                source=state.error,
+                awaited=awaited,
+            ) from None
 
     async def retire_finished(self) -> int:
         """Read the timeline once and release the kernels whose waits ended early (timed out,
         cancelled) that the device has finished since; how many it released."""
         before = len(self._lingering)
         if before:
-            self._retire((await self._timeline()).value)
+            self._retire((await self._read_state())[0])
         return before - len(self._lingering)
 
     def _retire(self, timeline: int) -> None:
         """The device has finished the lingering kernels up to ``timeline``: release them."""
-        for ended in [v for v in self._lingering if _reached(timeline, v)]:
+        for ended in [v for v in self._lingering if self.timeline.reached(v, timeline)]:
             self.tracker.finish(self._lingering.pop(ended))
 
     async def _settle(self, work: Work, bound: WaitBound, awaited: str) -> None:
@@ -456,29 +464,16 @@ class GpuSession:
         value = next((v for v, w in self._lingering.items() if w is work), None)
         if value is None:  # finished meanwhile, or released by a recovery
             return
-
-        def finished(state: _TimelineState) -> bool:
-            return state.error != 0 or _reached(state.value, value)
-
         failure: list[Exception] = []
         async with anyio.create_task_group() as race:
 
             async def from_device() -> None:
                 try:
-                    state: _TimelineState = await wait_until(
-                        self._timeline, finished, awaited=awaited, within=bound, expected=value
+                    before = f"lingering {work.name} (timeline {value}) finished"
+                    timeline = await self._await_timeline(
+                        value, before, awaited=awaited, within=bound
                     )
-                    if state.error:
-                        self.readiness.mark_down(
-                            ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{state.error:x}"
-                        )
-                        raise GpuFault(
-                            f"the GPU entered its error state (interrupt 0x{state.error:x}) "
-                            f"before lingering {work.name} (timeline {value}) finished",
-                            source=state.error,
-                            awaited=awaited,
-                        )
-                    self._retire(state.value)
+                    self._retire(timeline)
                 except Exception as exc:  # raised below, not as an exception group
                     failure.append(exc)
                 race.cancel_scope.cancel()
@@ -492,10 +487,18 @@ class GpuSession:
         if failure:
             raise failure[0]
 
-    async def _timeline(self) -> _TimelineState:
-        # register-sized reads: they need no bulk pipe, which a copy may be holding
+    async def _read_state(self) -> tuple[int, int]:
+        """The timeline and the error word. Register-sized reads: they need no bulk pipe, which a
+        copy may be holding."""
         value = await self.bridge.mem_read(self.status + hw.STATUS_TIMELINE)
-        return _TimelineState(value, await self.bridge.mem_read(self.status + hw.STATUS_ERROR))
+        return value, await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
+
+    async def _read_timeline(self) -> int:
+        """The timeline signal's read: a device in its error state ends the wait."""
+        value, error = await self._read_state()
+        if error:
+            raise _ErrorState(error)
+        return value
 
     # -- recovery and close --------------------------------------------------------------------
 
@@ -579,14 +582,10 @@ class GpuSession:
         await self.aclose()
 
 
-class _TimelineState(NamedTuple):
-    value: int
-    error: int
+class _ErrorState(Exception):
+    """The device reported its error state while the timeline was read (never leaves the
+    session: it becomes a :class:`GpuFault`)."""
 
-    def __repr__(self) -> str:
-        return f"timeline {self.value}" + (f", error state 0x{self.error:x}" if self.error else "")
-
-
-def _reached(timeline: int, value: int) -> bool:
-    """Whether a 32-bit timeline (as the GPU writes it) has reached ``value``."""
-    return (timeline - value) & 0xFFFF_FFFF < 0x8000_0000
+    def __init__(self, error: int) -> None:
+        super().__init__(f"error state 0x{error:x}")
+        self.error = error
