@@ -22,10 +22,7 @@ from ..protocol.bridge import (
     LINK_UP,
     LTSSM_XDATA,
     MAX_XDATA_READ,
-    SECTOR,
-    SLOT,
     SRAM_PCIE,
-    SRAM_SIZE,
     SYS_PCIE,
     SYS_SIZE,
     SYS_XDATA,
@@ -34,28 +31,17 @@ from ..protocol.bridge import (
     StreamMode,
     Tlp,
     VendorRequest,
-    unpack_arm,
     unpack_tlp,
 )
 from ..usb.base import CONTROL_IN, CONTROL_OUT
 from .faults import Fault, FaultPlan
 from .pcie import PciePort, PcieTarget, Refused
+from .sram import SramEngine
 from .urb import SimUrb, UrbStatus
 
-__all__ = ["MAX_ARMS", "SimBridge"]
-
-MAX_ARMS = 4
-"""How many SRAM arms the DMA engine queues ahead of their bulk transfers."""
+__all__ = ["SimBridge"]
 
 _SINGLE, _WRITE, _STREAMS = StreamMode.SINGLE, StreamMode.WRITE, {StreamMode.WRITE, StreamMode.READ}
-
-
-@dataclass(eq=False)
-class _Arm:
-    read: bool
-    offset: int
-    length: int
-    released: bool = False
 
 
 @dataclass
@@ -73,9 +59,8 @@ class SimBridge:
     the pending streaming write, else the oldest SRAM arm (which must be a write); its data lands in
     SRAM and the GPU is told (:attr:`on_sram_write`). A bulk IN takes the pending streaming read,
     else the oldest arm (a read), and completes only once the GPU has released that arm by writing 0
-    to the cq page's dword +12 — a release may come before the bulk IN is submitted, and a release
-    with no read armed releases nothing. Up to :data:`MAX_ARMS` arms queue ahead of their transfers.
-    A discarded bulk transfer at the head of its endpoint drops the arm it would have used.
+    to the cq page's dword +12 (:class:`~transports.sim.sram.SramEngine`). A discarded bulk
+    transfer at the head of its endpoint drops the arm it would have used.
 
     The link trains ``link_latency`` seconds after PCIe power-on. The GPU side calls
     :meth:`dma_write` / :meth:`dma_read` for its accesses to bridge memory.
@@ -99,15 +84,15 @@ class SimBridge:
         self.pcie = PciePort(target, self.plan, lambda: self._ltssm() == LINK_UP)
         self.link_latency = link_latency
         self._clock = loop_clock()
+        self.engine = SramEngine()
         self.xdata = bytearray(XDATA_SIZE)
-        self.sram = bytearray(SRAM_SIZE)
+        self.sram = self.engine.sram
         self.cq = bytearray(CQ_SIZE)
         self.on_sram_write: Callable[[int, int], object] | None = None
         """Called with (offset, length) after a bulk OUT lands in SRAM: the copy engine's cue."""
         self.on_power: Callable[[bool], object] | None = None
         """Called with the new state when the host switches PCIe power."""
         self._link_up_at: float | None = None
-        self._arms: deque[_Arm] = deque()
         self._stream: _Stream | None = None
         self._queues: dict[int, deque[SimUrb]] = {EP_BULK_OUT: deque(), EP_BULK_IN: deque()}
         self._hung: set[SimUrb] = set()
@@ -205,8 +190,8 @@ class SimBridge:
         self._stalled.discard(urb)
         queue = self._queues.get(urb.endpoint)
         if queue and urb in queue:
-            if queue[0] is urb and self._arms and self._arms[0].read == urb.is_in:
-                self._arms.popleft()  # the engine drops what it was armed for
+            if queue[0] is urb and self.engine.armed(read=urb.is_in):
+                self.engine.drop()
             queue.remove(urb)
             self._cuts.pop(urb, None)
         urb.complete(UrbStatus.CANCELLED)
@@ -312,13 +297,10 @@ class SimBridge:
             if size != stream.length:
                 raise Refused(f"bulk OUT of {size} bytes for a stream write of {stream.length}")
             self.pcie.write(stream.address, bytes(urb.data[:accepted]))
-        elif self._arms and not self._arms[0].read:
-            arm = self._arms.popleft()
-            if size != arm.length:
-                raise Refused(f"bulk OUT of {size} bytes for an SRAM write armed for {arm.length}")
-            self.sram[arm.offset : arm.offset + accepted] = urb.data[:accepted]
+        elif self.engine.armed(read=False):
+            offset = self.engine.write(urb.data, accepted)
             if self.on_sram_write is not None:
-                self.on_sram_write(arm.offset, accepted)
+                self.on_sram_write(offset, accepted)
             if self.plan.check(Fault.USB_COMPLETION_LOST):
                 self._hang(urb)  # the data is there; the host never hears of it
                 return True
@@ -335,15 +317,11 @@ class SimBridge:
             if length != stream.length:
                 raise Refused(f"bulk IN of {length} bytes for a stream read of {stream.length}")
             data = self.pcie.read(stream.address, stream.length)
-        elif self._arms and self._arms[0].read:
-            arm = self._arms[0]
-            if length != arm.length:
-                self._arms.popleft()
-                raise Refused(f"bulk IN of {length} bytes for an SRAM read armed for {arm.length}")
-            if not arm.released:
-                return False  # the GPU's write to the cq page releases it
-            self._arms.popleft()
-            data = bytes(memoryview(self.sram)[arm.offset : arm.offset + arm.length])
+        elif self.engine.armed(read=True):
+            released = self.engine.read(length)
+            if released is None:
+                return False
+            data = released
         else:
             raise Refused("bulk IN with no armed SRAM read or stream read")
         data = data[: _short(self._cuts.pop(urb, None), len(data))]
@@ -359,7 +337,7 @@ class SimBridge:
         self._cuts.clear()
         for queue in self._queues.values():
             queue.clear()
-        self._arms.clear()
+        self.engine.clear()
         self._stream = None
         for urb in pending:
             urb.complete(status, error=error)
@@ -379,21 +357,10 @@ class SimBridge:
     def _reappear(self) -> None:
         self._gone = False
 
-    # -- the DMA engine ------------------------------------------------------------------------
+    # -- the DMA engine's requests ---------------------------------------------------------------
 
     def _arm(self, value: int, index: int, _data: bytes) -> bool:
-        arm = unpack_arm(value, index)
-        offset, length = arm.slot * SLOT, arm.sectors * SECTOR
-        if not arm.sectors or offset + length > SRAM_SIZE or length > arm.slots * SLOT:
-            raise Refused(
-                f"0x{VendorRequest.ARM_SRAM:X} arm of {arm.sectors} sectors at slot {arm.slot} "
-                f"({arm.slots} slots) does not fit"
-            )
-        if len(self._arms) >= MAX_ARMS:
-            raise Refused(
-                f"0x{VendorRequest.ARM_SRAM:X} arm with {MAX_ARMS} transfers already armed"
-            )
-        self._arms.append(_Arm(arm.read, offset, length))
+        self.engine.arm(value, index)
         return True
 
     # -- PCIe ----------------------------------------------------------------------------------
@@ -447,11 +414,8 @@ class SimBridge:
         memory, offset = self._window(address, len(data))
         memory[offset : offset + len(data)] = data
         if memory is self.cq and offset <= 12 < offset + len(data) and self.cq[12:16] == bytes(4):
-            for arm in self._arms:  # only an armed read can be released
-                if arm.read and not arm.released:
-                    arm.released = True
-                    self._serve(EP_BULK_IN)
-                    break
+            if self.engine.release():
+                self._serve(EP_BULK_IN)
 
     def dma_read(self, address: int, size: int) -> memoryview:
         """A GPU read of bridge memory (a copy engine reading a sentinel or a chunk in SRAM)."""
