@@ -15,8 +15,9 @@ over the byte ranges it touches.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,14 +184,8 @@ class GpuSession:
 
     async def _copy_in_span(self, start: int, data: Any) -> None:
         size = memoryview(data).nbytes
-        async with self.tracker.ordered(
-            "copy",
-            f"copy-in {size} bytes",
-            writes=[(start, start + size)],
-            timeout=self.config.turn_timeout,
-        ):
-            async with self._copy_turn.hold(f"copy-in of {size} bytes"):
-                await self.copy.copy_in(start, data)
+        async with self._copying("in", start, size):
+            await self.copy.copy_in(start, data)
 
     async def copy_out(
         self, buffer: Buffer, size: int | None = None, *, offset: int = 0, out: Any = None
@@ -199,14 +194,23 @@ class GpuSession:
         size = buffer.size - offset if size is None else size
         self._check_range(buffer, offset, size)
         start = buffer.address + offset
+        async with self._copying("out", start, size):
+            return await self.copy.copy_out(start, size, out)
+
+    @contextlib.asynccontextmanager
+    async def _copying(self, direction: str, start: int, size: int) -> AsyncIterator[None]:
+        """The copy queue for a copy-``direction`` of ``size`` bytes of VRAM at ``start``, once
+        earlier work on those bytes allows (a copy-in writes them, a copy-out reads them)."""
+        span = [(start, start + size)]
         async with self.tracker.ordered(
             "copy",
-            f"copy-out {size} bytes",
-            reads=[(start, start + size)],
+            f"copy-{direction} {size} bytes",
+            reads=span if direction == "out" else (),
+            writes=span if direction == "in" else (),
             timeout=self.config.turn_timeout,
         ):
-            async with self._copy_turn.hold(f"copy-out of {size} bytes"):
-                return await self.copy.copy_out(start, size, out)
+            async with self._copy_turn.hold(f"copy-{direction} of {size} bytes"):
+                yield
 
     @staticmethod
     def _check_range(buffer: Buffer, offset: int, size: int) -> None:
