@@ -34,7 +34,7 @@ from ..protocol.bridge import (
     unpack_tlp,
 )
 from ..usb.base import CONTROL_IN, CONTROL_OUT
-from .faults import Fault, FaultPlan
+from .faults import Fault, FaultPlan, FaultRule
 from .pcie import PciePort, PcieTarget, Refused
 from .sram import SramEngine
 from .urb import SimUrb, UrbStatus
@@ -138,7 +138,9 @@ class SimBridge:
             self._reappear()
         if self._lost_to_a_fault(urb):
             return
-        cut = self._cut(urb)
+        carries_data = urb.is_in or len(urb.data) > 0
+        rule = self.plan.check(Fault.SHORT_TRANSFER) if carries_data else None
+        cut = None if rule is None else _cut(rule)
         if urb.endpoint == 0:
             self._control(urb, cut)
         else:
@@ -159,17 +161,6 @@ class SimBridge:
                 self._hang(urb)
             return True
         return False
-
-    def _cut(self, urb: SimUrb) -> int | None:
-        """Where a ``SHORT_TRANSFER`` fault cuts a transfer that carries data (-1: in half), or
-        None when none fires."""
-        if not (urb.is_in or len(urb.data) > 0):
-            return None
-        rule = self.plan.check(Fault.SHORT_TRANSFER)
-        if rule is None:
-            return None
-        short = rule.params.get("length", -1)
-        return int(short) if isinstance(short, int) else -1
 
     def _enqueue(self, urb: SimUrb, cut: int | None) -> None:
         queue = self._queues.get(urb.endpoint)
@@ -421,6 +412,12 @@ class SimBridge:
         """A GPU read of bridge memory (a copy engine reading a sentinel or a chunk in SRAM)."""
         memory, offset = self._window(address, size)
         return memoryview(memory)[offset : offset + size]
+
+
+def _cut(rule: FaultRule) -> int:
+    """Where a ``SHORT_TRANSFER`` rule cuts a transfer that carries data (-1: in half)."""
+    short = rule.params.get("length", -1)
+    return int(short) if isinstance(short, int) else -1
 
 
 def _short(short: int | None, length: int) -> int:
