@@ -136,7 +136,11 @@ class SimBridge:
         self.requests.append((kind, urb.request or urb.endpoint, urb.value or size, urb.index))
         if self._gone:
             self._reappear()
-        if self._lost_to_a_fault(urb):
+        if self.plan.check(Fault.DISCONNECT):
+            self._disconnect(urb)
+            return
+        if self.plan.check(Fault.USB_TIMEOUT):
+            self._never_answer(urb)
             return
         carries_data = urb.is_in or len(urb.data) > 0
         rule = self.plan.check(Fault.SHORT_TRANSFER) if carries_data else None
@@ -146,21 +150,18 @@ class SimBridge:
         else:
             self._enqueue(urb, cut)
 
-    def _lost_to_a_fault(self, urb: SimUrb) -> bool:
-        """``DISCONNECT`` (the transfer fails with no device) or ``USB_TIMEOUT`` (it is never
-        answered): whether either took the transfer."""
-        if self.plan.check(Fault.DISCONNECT):
-            self.unplug()
-            urb.complete(UrbStatus.NO_DEVICE, error="the bridge is not on the bus")
-            return True
-        if self.plan.check(Fault.USB_TIMEOUT):
-            if urb.endpoint in self._queues:  # it holds back the transfers behind it
-                self._stalled.add(urb)
-                self._queues[urb.endpoint].append(urb)
-            else:
-                self._hang(urb)
-            return True
-        return False
+    def _disconnect(self, urb: SimUrb) -> None:
+        """``DISCONNECT``: the bridge leaves the bus, and the transfer fails with no device."""
+        self.unplug()
+        urb.complete(UrbStatus.NO_DEVICE, error="the bridge is not on the bus")
+
+    def _never_answer(self, urb: SimUrb) -> None:
+        """``USB_TIMEOUT``: the device never answers the transfer."""
+        if urb.endpoint in self._queues:  # it holds back the transfers behind it
+            self._stalled.add(urb)
+            self._queues[urb.endpoint].append(urb)
+        else:
+            self._hang(urb)
 
     def _enqueue(self, urb: SimUrb, cut: int | None) -> None:
         queue = self._queues.get(urb.endpoint)
