@@ -5,8 +5,8 @@ and what was awaited. The core knows nothing about USB, GPUs or faces; ``transpo
 ``pipelines`` build on it.
 """
 
-from .allocator import AllocatorStatistics, Range, RangeAllocator
-from .clock import (
+from ._core._allocator import AllocatorStatistics, Range, RangeAllocator
+from ._core._clock import (
     Deadline,
     current_deadline,
     deadline_scope,
@@ -14,8 +14,8 @@ from .clock import (
     now,
     validate_timeout,
 )
-from .completion import Completion, ThreadsafeSetter, Waitable, loop_caller
-from .errors import (
+from ._core._completion import Completion, ThreadsafeSetter, Waitable, loop_caller
+from ._core._errors import (
     BudgetExhausted,
     CameraTimeout,
     DeviceLost,
@@ -35,7 +35,7 @@ from .errors import (
     UsbTransferTimeout,
     map_exceptions,
 )
-from .health import (
+from ._core._health import (
     Availability,
     AvailabilityMachine,
     AvailabilityState,
@@ -43,29 +43,43 @@ from .health import (
     ReadinessLayer,
     Transition,
 )
-from .log import configure_logging, get_logger, log_context
-from .mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
-from .ownership import Ledger, LedgerEntry, Owned, Stages, current_ledger, use_ledger
-from .signals import Fence, TimelineSignal, serial_reached
-from .supervision import Backoff, Supervisor, SupervisorStatistics
-from .threads import PendingCall, WorkerThread, run_in_thread
-from .waits import (
+from ._core._log import configure_logging, get_logger, log_context
+from ._core._mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
+from ._core._ownership import (
+    Ledger,
+    LedgerEntry,
+    LedgerKind,
+    Owned,
+    Stages,
+    current_ledger,
+    use_ledger,
+)
+from ._core._resources import AsyncResource
+from ._core._signals import Fence, TimelineSignal, serial_reached
+from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
+from ._core._threads import PendingCall, WorkerThread, run_in_thread
+from ._core._waits import (
     DEFAULT_POLICY,
+    BoundArgs,
     PollPolicy,
+    ProbeArgs,
     WaitBound,
+    drain,
     pause,
     wait_complete,
     wait_until,
 )
-from .watcher import MemoryWatcher, Watch, WatcherStatistics, WatcherStopped
+from ._core._watcher import MemoryWatcher, Watch, WatcherStatistics, WatcherStopped
 
 __all__ = [
     "DEFAULT_POLICY",
     "AllocatorStatistics",
+    "AsyncResource",
     "Availability",
     "AvailabilityMachine",
     "AvailabilityState",
     "Backoff",
+    "BoundArgs",
     "BudgetExhausted",
     "CameraTimeout",
     "Completion",
@@ -79,6 +93,7 @@ __all__ = [
     "Layer",
     "Ledger",
     "LedgerEntry",
+    "LedgerKind",
     "Mailbox",
     "MailboxLayout",
     "MemoryRegisters",
@@ -88,6 +103,7 @@ __all__ = [
     "Owned",
     "PcieRequestTimeout",
     "PollPolicy",
+    "ProbeArgs",
     "Range",
     "RangeAllocator",
     "Readiness",
@@ -116,6 +132,7 @@ __all__ = [
     "current_deadline",
     "current_ledger",
     "deadline_scope",
+    "drain",
     "loop_caller",
     "loop_clock",
     "get_logger",

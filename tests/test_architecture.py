@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,12 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("aio_runtime", "transports", "pipelines")
 
 # Where sleeping or spinning is allowed: the wait primitive and the watcher thread.
-WAIT_MODULES = {"aio_runtime/waits.py", "aio_runtime/watcher.py"}
+WAIT_MODULES = {"aio_runtime/_core/_waits.py", "aio_runtime/_core/_watcher.py"}
 # The simulator is the hardware: its engines wait for work and model latency by sleeping.
 SIMULATOR = "transports/sim/"
 SLEEP_CALLS = {"sleep", "sleep_until", "sleep_forever", "checkpoint", "cancel_shielded_checkpoint"}
 # pause() is the bounded sleep between attempts; in a loop anywhere else it is a polling loop.
-RETRY_LOOPS = {"aio_runtime/supervision.py", "aio_runtime/testing/_scripted.py"}
+RETRY_LOOPS = {"aio_runtime/_core/_supervision.py", "aio_runtime/testing/_scripted.py"}
 # A camera source is a clock-driven producer: a frame exists once its capture period has passed,
 # so sources pace by sleeping until each frame's instant on the loop clock. That is no wait on
 # hardware (the instant is known and always reached). One function does it, with sleep_until() only.
@@ -76,7 +77,7 @@ def test_imports_only_point_down(package, forbidden):
 # -- the import graph -------------------------------------------------------------------------------
 
 
-def module_names() -> dict[str, str]:
+def package_modules() -> dict[str, str]:
     """Every module of the three packages: dotted name -> path (a package is its __init__)."""
     names = {}
     for package in PACKAGES:
@@ -141,7 +142,7 @@ def imported_modules(
 
 
 def import_graph() -> dict[str, set[str]]:
-    names = module_names()
+    names = package_modules()
     known = set(names)
     graph = {}
     for module, path in names.items():
@@ -226,7 +227,7 @@ def simulator_imports(module: str, path: str, tree: ast.AST, known: set[str]) ->
 
 
 def test_nothing_outside_the_simulator_imports_it_but_its_documented_users():
-    names = module_names()
+    names = package_modules()
     offenders = {
         path: sorted(found)
         for module, path in names.items()
@@ -305,7 +306,7 @@ for name in names:
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """Each module imported as the first of the three packages' (the others forgotten before it),
     so that no module works only because another was imported before it."""
-    names = sorted(module_names())
+    names = sorted(package_modules())
     done = subprocess.run(
         [sys.executable, "-c", FIRST_IMPORTS, ",".join(PACKAGES), *names],
         cwd=ROOT,
@@ -399,18 +400,153 @@ def test_the_camera_may_pace_with_sleep_until_in_its_pacing_function_only():
     assert stray_waits("pipelines/dms/other.py", ast.parse(allowed))
 
 
-def test_public_api_lists_only_what_exists_and_exports_every_public_name():
-    import aio_runtime
-    import aio_runtime.testing
+def ledger_kind_literals(path: str, tree: ast.AST) -> list[tuple[str, str]]:
+    """``(where, kind)`` for every ledger entry opened with a string literal as its kind
+    (``ledger.open("usb transfer", ...)``, ``current_ledger().open(...)``)."""
+    return [
+        (f"{path}:{node.lineno}", node.args[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "open"
+        and "ledger" in ast.unparse(node.func.value).lower()
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
 
-    for module in (aio_runtime, aio_runtime.testing):
-        for name in module.__all__:
-            assert hasattr(module, name), f"{module.__name__}.__all__ names missing {name}"
-        assert len(module.__all__) == len(set(module.__all__))
-    exported = set(aio_runtime.__all__)
-    for info in pkgutil.iter_modules(aio_runtime.__path__):
-        if info.name.startswith("_") or info.name == "testing":
-            continue
-        submodule = importlib.import_module(f"aio_runtime.{info.name}")
-        missing = set(getattr(submodule, "__all__", ())) - exported
-        assert not missing, f"aio_runtime.{info.name} exports {missing} not re-exported"
+
+def test_every_ledger_kind_spelled_as_a_string_is_a_ledger_kind_member():
+    from aio_runtime import LedgerKind
+
+    unknown = [
+        f"{where}: {kind!r}"
+        for package in PACKAGES
+        for path, tree in sources(package)
+        for where, kind in ledger_kind_literals(path, tree)
+        if kind not in set(LedgerKind)
+    ]
+    assert not unknown, f"ledger kinds missing from LedgerKind: {unknown}"
+
+
+def test_the_ledger_kind_scan_finds_string_kinds_on_any_ledger():
+    snippet = (
+        'ledger.open("dma buffer", what)\n'
+        'current_ledger().open("host mapping", what)\n'
+        "self._ledger.open(LedgerKind.STAGE, what)\n"
+        'path.open("rb")\n'
+    )
+    found = ledger_kind_literals("transports/x.py", ast.parse(snippet))
+    assert found == [("transports/x.py:1", "dma buffer"), ("transports/x.py:2", "host mapping")]
+
+
+# The public surface: aio_runtime and aio_runtime.testing, each with an __all__; every other module
+# of the core is private, except the pytest plugin, which pyproject.toml names as an entry point.
+PUBLIC_MODULES = ("aio_runtime", "aio_runtime.testing")
+PUBLIC_BY_NAME = {"aio_runtime.testing.pytest_plugin"}
+
+
+def surface_problems(module: ModuleType) -> list[str]:
+    """What is wrong with a public module's ``__all__``: missing, listing a name twice or a name
+    the module lacks, or leaving out a public name the module has (other than a submodule)."""
+    name = module.__name__
+    if "__all__" not in vars(module):
+        return [f"{name} has no __all__"]
+    listed = list(module.__all__)
+    twice = sorted({entry for entry in listed if listed.count(entry) > 1})
+    return (
+        [f"{name}.__all__ lists {entry} twice" for entry in twice]
+        + [
+            f"{name}.__all__ lists {entry}, which {name} lacks"
+            for entry in listed
+            if not hasattr(module, entry)
+        ]
+        + [
+            f"{name} does not list its public name {attribute} in __all__"
+            for attribute, value in vars(module).items()
+            if not attribute.startswith("_")
+            and not isinstance(value, ModuleType)
+            and attribute not in listed
+        ]
+    )
+
+
+def module_names(package_dir: Path, package: str) -> Iterator[str]:
+    """Every module and subpackage below a package's folder, by dotted name."""
+    for info in pkgutil.iter_modules([str(package_dir)]):
+        name = f"{package}.{info.name}"
+        yield name
+        if info.ispkg:
+            yield from module_names(package_dir / info.name, name)
+
+
+def public_implementation_modules(package_dir: Path, package: str) -> list[str]:
+    """Modules below ``package`` reachable without an underscore that are not public on purpose."""
+    return [
+        name
+        for name in module_names(package_dir, package)
+        if not any(part.startswith("_") for part in name.split(".")[1:])
+        and name not in PUBLIC_MODULES
+        and name not in PUBLIC_BY_NAME
+    ]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_a_public_module_lists_exactly_its_public_names_in_all(name):
+    assert surface_problems(importlib.import_module(name)) == []
+
+
+def test_the_core_has_no_public_implementation_modules():
+    assert public_implementation_modules(ROOT / "aio_runtime", "aio_runtime") == []
+
+
+@pytest.mark.parametrize(
+    ("package", "modules"),
+    [("aio_runtime", "aio_runtime._core"), ("aio_runtime.testing", "aio_runtime.testing")],
+)
+def test_every_name_a_private_module_lists_in_all_is_exported(package, modules):
+    exported = set(importlib.import_module(package).__all__)
+    for info in pkgutil.iter_modules([str(ROOT.joinpath(*modules.split(".")))]):
+        if info.name.startswith("_"):
+            module = importlib.import_module(f"{modules}.{info.name}")
+            missing = sorted(set(getattr(module, "__all__", ())) - exported)
+            assert not missing, (
+                f"{module.__name__} lists {missing}, which {package} does not export"
+            )
+
+
+def test_the_surface_check_finds_each_kind_of_problem():
+    fake = ModuleType("fake")
+    fake.Probe = type("Probe", (), {})
+    fake.wait = lambda: None
+    fake.helper = lambda: None
+    fake.submodule = ModuleType("fake.submodule")
+    fake._private = object()
+    assert surface_problems(fake) == ["fake has no __all__"]
+    fake.__all__ = ["Probe", "wait", "wait", "Gone"]
+    assert surface_problems(fake) == [
+        "fake.__all__ lists wait twice",
+        "fake.__all__ lists Gone, which fake lacks",
+        "fake does not list its public name helper in __all__",
+    ]
+    fake.__all__ = ["Probe", "helper", "wait"]
+    assert surface_problems(fake) == []
+
+
+def test_the_module_scan_finds_public_implementation_modules(tmp_path):
+    for module in (
+        "__init__",
+        "_private",
+        "public",
+        "testing/__init__",
+        "testing/pytest_plugin",
+        "testing/helpers",
+        "_core/__init__",
+        "_core/_waits",
+        "_core/shared",
+    ):
+        path = tmp_path / "aio_runtime" / f"{module}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    found = public_implementation_modules(tmp_path / "aio_runtime", "aio_runtime")
+    assert sorted(found) == ["aio_runtime.public", "aio_runtime.testing.helpers"]

@@ -7,7 +7,7 @@ import pytest
 import structlog
 
 from aio_runtime import configure_logging, get_logger, log_context
-from aio_runtime import log as log_module
+from aio_runtime._core import _log as log_module
 from aio_runtime.testing import capture_logs
 
 

@@ -14,6 +14,8 @@ from aio_runtime import (
     Mailbox,
     MailboxLayout,
     MemoryRegisters,
+    SignalTimeout,
+    WaitBound,
     deadline_scope,
     now,
     wait_register,
@@ -129,6 +131,21 @@ async def test_wait_register_compares_under_a_mask():
                 timeout=10.0,
             )
     assert info.value.awaited == "PSP sOS alive"
+
+
+async def test_wait_register_can_run_under_a_shared_bound_or_its_own_error():
+    regs = MemoryRegisters(16)
+    async with virtual_time():
+        bound = WaitBound(awaited="queue bring-up", error=SignalTimeout, timeout=2.0)
+        start = now()
+        with pytest.raises(SignalTimeout) as shared:
+            await wait_register(regs, 3, value=1, awaited="queue 3 active", within=bound)
+        assert now() - start == pytest.approx(2.0)
+        with pytest.raises(SignalTimeout):
+            await wait_register(
+                regs, 3, value=1, awaited="doorbell", error=SignalTimeout, timeout=0.1
+            )
+    assert (shared.value.awaited, shared.value.expected) == ("queue 3 active", 1)
 
 
 async def test_memory_registers_check_index_and_width():

@@ -9,6 +9,7 @@ from aio_runtime import (
     BudgetExhausted,
     Completion,
     Ledger,
+    LedgerKind,
     RollbackFailed,
     SignalTimeout,
     Stages,
@@ -160,6 +161,22 @@ async def test_rollback_completes_when_the_owner_is_cancelled():
                 await stages.acquire(lambda: res.take("a"), slow_give, label="a")
                 await anyio.sleep(10)
     assert res.log == ["+a", "-a"]
+
+
+def test_a_ledger_kind_is_the_string_it_names():
+    ledger = Ledger()
+    by_member = ledger.open(LedgerKind.USB_TRANSFER, "bulk out 0x02")
+    by_string = ledger.open("usb transfer", "bulk in 0x81")
+    assert by_member.kind == by_string.kind == LedgerKind.USB_TRANSFER == "usb transfer"
+    assert str(by_member) == "usb transfer: bulk out 0x02"
+
+
+async def test_stages_are_recorded_as_stage_entries():
+    ledger = Ledger()
+    async with Stages("buffer", ledger=ledger) as stages:
+        stages.add(lambda: None, label="va")
+        assert [(e.kind, e.description) for e in ledger.live()] == [(LedgerKind.STAGE, "buffer/va")]
+    ledger.assert_empty()
 
 
 async def test_use_ledger_scopes_where_resources_are_recorded():

@@ -72,8 +72,7 @@ def test_trio_without_a_mock_clock_is_refused_with_a_clear_error():
 
 
 async def test_work_on_a_worker_thread_is_jumped_past_unless_the_loop_waits_for_it():
-    from aio_runtime import UsbTransferTimeout, wait_complete
-    from aio_runtime.completion import Completion
+    from aio_runtime import Completion, UsbTransferTimeout, wait_complete
 
     async def blocking_call_with_timeout(threshold: float) -> str:
         done: Completion[str] = Completion()
@@ -95,3 +94,19 @@ async def test_work_on_a_worker_thread_is_jumped_past_unless_the_loop_waits_for_
 
     assert await blocking_call_with_timeout(0.0) == "timed out"  # as documented
     assert await blocking_call_with_timeout(0.5) == "ok"
+
+
+async def test_threads_busy_holds_for_a_live_worker_thread_entry_only():
+    from aio_runtime import Ledger, LedgerKind
+    from aio_runtime.testing import threads_busy
+
+    ledger = Ledger()
+    busy = threads_busy(ledger)
+    transfer = ledger.open(LedgerKind.USB_TRANSFER, "bulk in 0x81")
+    assert not busy()
+    for kind in (LedgerKind.WORKER_THREAD, "worker thread"):
+        call = ledger.open(kind, "onnxruntime run")
+        assert busy()
+        ledger.close(call)
+        assert not busy()
+    ledger.close(transfer)

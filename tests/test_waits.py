@@ -17,6 +17,7 @@ from aio_runtime import (
     UsbTransferTimeout,
     WaitBound,
     deadline_scope,
+    drain,
     now,
     wait_complete,
     wait_until,
@@ -417,6 +418,14 @@ async def test_within_excludes_timeout_and_error_is_required_without_it():
         await wait_until(lambda: 1, bool, awaited="x", within=bound, reset_on_progress=True)
 
 
+@pytest.mark.parametrize("misspelled", [{"timout": 1.0}, {"eror": SignalTimeout}])
+async def test_a_misspelled_bound_keyword_is_refused(misspelled):
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        await wait_complete(Completion(), awaited="x", timeout=1.0, **misspelled)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        await wait_until(lambda: 0, bool, awaited="x", timeout=1.0, **misspelled)
+
+
 async def test_a_sequence_stuck_after_a_finished_step_does_not_blame_that_step():
     async with virtual_time():
         bound = WaitBound(awaited="SMU message 0x6", error=FirmwareTimeout, timeout=1.0)
@@ -519,3 +528,70 @@ async def test_numpy_probes_work_with_inactivity_timeouts():
                 reset_on_progress=True,
             )
     assert list(info.value.observed) == [0, 0]
+
+
+async def test_drain_asks_the_operation_to_stop_and_returns_once_it_has_stopped():
+    op = CancellableOperation(stops_after=0.05)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        start = now()
+        assert await drain(op.completion, op.cancel, limit=1.0) is True
+        assert op.cancel_requested_at == pytest.approx(start)
+        assert now() == pytest.approx(start + 0.05)
+
+
+async def test_drain_of_a_completed_operation_does_not_ask_it_to_stop():
+    completion: Completion[str] = Completion()
+    completion.set_result("data")
+    asked = []
+    assert await drain(completion, lambda: asked.append(True), limit=0.0) is True
+    assert asked == []
+
+
+async def test_drain_gives_up_after_its_limit_when_the_operation_will_not_stop():
+    op = CancellableOperation(stops_after=None)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        start = now()
+        assert await drain(op.completion, op.cancel, limit=0.5) is False
+        assert now() == pytest.approx(start + 0.5)
+
+
+async def test_drain_is_shielded_from_the_cancellation_of_its_caller():
+    op = CancellableOperation(stops_after=0.3)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        op.task_group = tg
+        start = now()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            assert await drain(op.completion, op.cancel, limit=1.0) is True
+        assert now() == pytest.approx(start + 0.3)
+    assert op.completion.done()
+
+
+async def test_drain_drops_what_the_stopped_operation_delivers():
+    completion: Completion[str] = Completion()
+    assert await drain(
+        completion,
+        lambda: completion.set_exception(OSError("LIBUSB_TRANSFER_CANCELLED")),
+        limit=1.0,
+    )
+
+
+async def test_a_failing_stop_request_is_noted_on_the_failure_given_and_otherwise_ignored():
+    def cancel_fails() -> None:
+        raise OSError("LIBUSB_ERROR_NOT_FOUND")
+
+    failure = UsbTransferTimeout(awaited="bulk IN", timeout=0.1, elapsed=0.1)
+    async with virtual_time():
+        assert await drain(Completion(), cancel_fails, limit=0.1) is False
+        assert await drain(Completion(), cancel_fails, limit=0.1, failure=failure) is False
+    assert [note for note in failure.__notes__ if "NOT_FOUND" in note] == [
+        "asking the operation to stop failed: OSError('LIBUSB_ERROR_NOT_FOUND')"
+    ]
+
+
+@pytest.mark.parametrize("limit", [-1.0, float("nan"), float("inf")])
+async def test_drain_needs_a_finite_limit(limit):
+    with pytest.raises(ValueError, match="limit"):
+        await drain(Completion(), lambda: None, limit=limit)

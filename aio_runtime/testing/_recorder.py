@@ -10,7 +10,7 @@ import anyio
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from ..health import Availability, AvailabilityMachine, AvailabilityState, Transition
+from .._core._health import Availability, AvailabilityMachine, AvailabilityState, Transition
 
 __all__ = ["TransitionRecorder", "capture_logs"]
 

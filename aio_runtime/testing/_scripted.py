@@ -11,10 +11,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..clock import now
-from ..mailbox import MailboxLayout, MemoryRegisters
-from ..signals import TimelineSignal
-from ..waits import pause
+from .._core._clock import now
+from .._core._mailbox import MailboxLayout, MemoryRegisters
+from .._core._signals import TimelineSignal
+from .._core._waits import pause
 
 __all__ = ["Reply", "ScriptedFirmware", "ScriptedProbe", "play_script"]
 

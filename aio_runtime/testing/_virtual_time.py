@@ -7,7 +7,7 @@ deterministically, without waiting.
 
 This is safe when everything that can wake a task lives on the event loop: timers, tasks, and
 simulated hardware driven by them. Work on other threads (worker threads, a
-:class:`~aio_runtime.watcher.MemoryWatcher`) does not hold the clock back: by the time a thread
+:class:`~aio_runtime.MemoryWatcher`) does not hold the clock back: by the time a thread
 finishes, a deadline may have been jumped past. ``autojump_threshold`` (real seconds) makes the loop
 wait that long for I/O or a thread before jumping, as trio's ``MockClock`` does — on asyncio at most
 until the next timer, which then fires when it would in real time (timers shorter than the threshold
@@ -38,7 +38,7 @@ from typing import Any
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..ownership import Ledger, current_ledger
+from .._core._ownership import Ledger, LedgerKind, current_ledger
 
 __all__ = ["VirtualClock", "threads_busy", "virtual_time"]
 
@@ -80,7 +80,7 @@ class _AutojumpSelector:
 
     def __init__(
         self,
-        inner: Any,
+        inner: selectors.BaseSelector,
         counter: _Counter,
         autojump_threshold: float,
         hold: Callable[[], bool] | None = None,
@@ -107,19 +107,19 @@ class _AutojumpSelector:
         if not events:
             self._gave_way = True  # nothing woke the loop: do not wait for this hold again
             return None
-        return events  # type: ignore[no-any-return]
+        return events
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             # No timer pending: only I/O or another thread can wake the loop. Block for it.
-            return self._inner.select(None)  # type: ignore[no-any-return]
+            return self._inner.select(None)
         if timeout > 0:
             held = self._held()
             if held is not None:
                 return held
         events = self._inner.select(0 if timeout <= 0 else min(self._threshold, timeout))
         if events or timeout <= 0:
-            return events  # type: ignore[no-any-return]
+            return events
         self._counter.jump(timeout)
         return []
 
@@ -226,9 +226,10 @@ async def virtual_time(
 def threads_busy(ledger: Ledger | None = None) -> Callable[[], bool]:
     """A ``hold`` for :func:`virtual_time`: true while the loop awaits work on a thread.
 
-    That is a call made with :func:`aio_runtime.run_in_thread` (a live ``"worker thread"`` in
-    ``ledger``, default the current one) or with ``anyio.to_thread.run_sync`` (a token of anyio's
-    default thread limiter, given back on the loop once the result is in). Call it on the loop.
+    That is a call made with :func:`aio_runtime.run_in_thread` (a live
+    :attr:`~aio_runtime.LedgerKind.WORKER_THREAD` entry in ``ledger``, default the current one) or
+    with ``anyio.to_thread.run_sync`` (a token of anyio's default thread limiter, given back on the
+    loop once the result is in). Call it on the loop.
 
     ``run_in_thread`` closes its ledger entry just before the thread wakes the loop with the result:
     give ``virtual_time`` an ``autojump_threshold`` of a few milliseconds so that the loop, finding
@@ -239,7 +240,7 @@ def threads_busy(ledger: Ledger | None = None) -> Callable[[], bool]:
 
     def busy() -> bool:
         return limiter.borrowed_tokens > 0 or any(
-            entry.kind == "worker thread" for entry in recorded.live()
+            entry.kind == LedgerKind.WORKER_THREAD for entry in recorded.live()
         )
 
     return busy

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ..ownership import Ledger, _swap_process_ledger
+from .._core._ownership import Ledger, swap_process_ledger
 from ._recorder import capture_logs
 
 
@@ -15,11 +15,11 @@ from ._recorder import capture_logs
 def ledger() -> Iterator[Ledger]:
     """A fresh ledger for the test; the test fails if any resource is still live at teardown."""
     fresh = Ledger()
-    previous = _swap_process_ledger(fresh)
+    previous = swap_process_ledger(fresh)
     try:
         yield fresh
     finally:
-        _swap_process_ledger(previous)
+        swap_process_ledger(previous)
     fresh.assert_empty()
 
 

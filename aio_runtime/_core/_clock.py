@@ -98,7 +98,7 @@ def deadline_scope(
     Give exactly one of ``timeout`` (seconds from now) or ``at`` (an absolute time from
     :func:`now`). Nested scopes never extend an outer one: the effective deadline is the earliest,
     and it keeps the name of the scope that set it, so a wait cut short reports which budget ran out
-    (:class:`~aio_runtime.errors.BudgetExhausted`).
+    (:class:`~aio_runtime.BudgetExhausted`).
 
     ``detached=True`` ignores enclosing scopes. It is for cleanup that must still run, with its own
     bound, after an enclosing budget is spent (releasing what a failed frame acquired).

@@ -3,7 +3,7 @@
 :class:`Stages` acquires resources one stage after another (reserve address space, allocate
 memory, map it, register it…). If a later stage fails, the earlier ones are released in reverse
 order — all of them, even when one release fails — and every release failure is reported
-(:class:`~aio_runtime.errors.RollbackFailed`). Releases run shielded from cancellation and under
+(:class:`~aio_runtime.RollbackFailed`). Releases run shielded from cancellation and under
 their own deadline, so a frame whose budget ran out still cleans up, and a hung release cannot hang
 the caller.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,20 +26,48 @@ from typing import TypeVar
 
 import anyio
 
-from .clock import deadline_scope, validate_timeout
-from .errors import RollbackFailed
+from ._clock import deadline_scope, validate_timeout
+from ._errors import RollbackFailed
 
-__all__ = ["Ledger", "LedgerEntry", "Owned", "Stages", "current_ledger", "use_ledger"]
+__all__ = [
+    "Ledger",
+    "LedgerEntry",
+    "LedgerKind",
+    "Owned",
+    "Stages",
+    "current_ledger",
+    "use_ledger",
+]
 
 T = TypeVar("T")
 Release = Callable[[], object]
 """A release function: returns None or an awaitable."""
 
 
+class LedgerKind(enum.StrEnum):
+    """What a ledger entry records.
+
+    Members are strings (``LedgerKind.WORKER_THREAD == "worker thread"``), so an entry's kind
+    compares equal to its member whichever of the two it was opened with. A
+    :class:`~aio_runtime.RangeAllocator` records its allocations under its own name instead
+    (``"vram"``, ``"signal page"``): what was allocated from where.
+    """
+
+    STAGE = "stage"
+    """A stage acquired by :class:`Stages`, until it is released."""
+    WORKER_THREAD = "worker thread"
+    """A blocking call made with :func:`~aio_runtime.run_in_thread`, until it has returned."""
+    USB_TRANSFER = "usb transfer"
+    """A submitted USB transfer, until its completion has arrived."""
+    HOST_MAPPING = "host mapping"
+    """Host memory mapped for a device, until it is unmapped."""
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
     id: int
     kind: str
+    """A :class:`LedgerKind`, or the name of the allocator an allocation came from."""
     description: str
 
     def __str__(self) -> str:
@@ -52,7 +81,8 @@ class Ledger:
         self._ids = itertools.count(1)
         self._live: dict[int, LedgerEntry] = {}
 
-    def open(self, kind: str, description: str) -> LedgerEntry:
+    def open(self, kind: LedgerKind | str, description: str) -> LedgerEntry:
+        """Record a resource that is now live; :meth:`close` it once it is given back."""
         entry = LedgerEntry(next(self._ids), kind, description)
         self._live[entry.id] = entry
         return entry
@@ -87,7 +117,7 @@ def current_ledger() -> Ledger:
     return _ledger.get(_process_ledger)
 
 
-def _swap_process_ledger(ledger: Ledger) -> Ledger:
+def swap_process_ledger(ledger: Ledger) -> Ledger:
     """Replace the process-wide ledger (the pytest ``ledger`` fixture); returns the previous one."""
     global _process_ledger
     previous, _process_ledger = _process_ledger, ledger
@@ -236,7 +266,7 @@ class Stages:
         """Remember an already-acquired resource's ``release`` for rollback."""
         self._check_open()
         self._stages.append(
-            _Stage(label, release, self._ledger.open("stage", f"{self.name}/{label}"))
+            _Stage(label, release, self._ledger.open(LedgerKind.STAGE, f"{self.name}/{label}"))
         )
 
     def commit(self) -> Owned:

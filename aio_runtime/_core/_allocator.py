@@ -2,8 +2,8 @@
 
 First fit over a sorted free list; every free merges with its neighbours, so freeing everything
 returns the allocator to a single free range. Exhaustion raises
-:class:`~aio_runtime.errors.OutOfMemory` with the request and the largest free range. Every live
-allocation is recorded in the current :class:`~aio_runtime.ownership.Ledger`.
+:class:`~aio_runtime.OutOfMemory` with the request and the largest free range. Every live
+allocation is recorded in the current :class:`~aio_runtime.Ledger`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .errors import Layer, OutOfMemory
-from .ownership import Ledger, LedgerEntry, current_ledger
+from ._errors import Layer, OutOfMemory
+from ._ownership import Ledger, LedgerEntry, current_ledger
 
 __all__ = ["AllocatorStatistics", "Range", "RangeAllocator"]
 

@@ -32,10 +32,11 @@ class Completion(Generic[T]):
 
     __slots__ = ("_event", "_exception", "_result", "_set")
 
+    _result: T  # set by set_result; read only once set
+
     def __init__(self) -> None:
         self._event: anyio.Event | None = None  # made when a task first waits: most never do
         self._set = False
-        self._result: T | None = None
         self._exception: BaseException | None = None
 
     def done(self) -> bool:
@@ -64,7 +65,7 @@ class Completion(Generic[T]):
             raise RuntimeError("completion not done yet")
         if self._exception is not None:
             raise self._exception
-        return self._result  # type: ignore[return-value]
+        return self._result
 
     async def wait(self) -> T:
         if not self._set:  # a result that is already there is returned without a loop pass

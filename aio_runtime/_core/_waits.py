@@ -4,26 +4,30 @@ Every wait in the project comes through here, so every wait has the same semanti
 
 * it is bounded — by its own ``timeout``, by the enclosing :func:`~aio_runtime.deadline_scope`, or
   by both (the earlier wins); with neither it is refused with
-  :class:`~aio_runtime.errors.UnboundedWaitError` before anything is awaited;
+  :class:`~aio_runtime.UnboundedWaitError` before anything is awaited;
 * it fails with a typed error: the wait's own ``error`` class (a
-  :class:`~aio_runtime.errors.HardwareTimeout` subclass) when its own timeout ran out, or
-  :class:`~aio_runtime.errors.BudgetExhausted` when the enclosing scope's budget did — each carrying
+  :class:`~aio_runtime.HardwareTimeout` subclass) when its own timeout ran out, or
+  :class:`~aio_runtime.BudgetExhausted` when the enclosing scope's budget did — each carrying
   the layer, what was awaited, the timeout, the elapsed time and expected/observed values;
 * cancelling it (or timing out) removes the waiter: nothing stays registered.
 
-Entry points, all built on one :class:`WaitBound`:
+Entry points, all built on one :class:`WaitBound` and bounded by the same keywords
+(:class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or ``within``):
 
 * :func:`wait_complete` — for something a callback completes (a
-  :class:`~aio_runtime.completion.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
+  :class:`~aio_runtime.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
   that is still in flight when the wait ends is asked to stop and its completion is awaited,
   shielded and bounded, before the wait returns (so its buffers are not reused under it).
 * :func:`wait_until` — for a probe that must satisfy a predicate. A probe is a plain read (a memory
   word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
-  :class:`~aio_runtime.watcher.MemoryWatcher` thread when sub-millisecond detection matters.
+  :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters.
 * :class:`WaitBound` — one bound over a sequence of steps (take a lock, write registers, poll a
   response): create it once, pass ``within=bound`` to the waits of the sequence and run its other
   steps with :meth:`WaitBound.run`, so the whole sequence shares one deadline and one error.
+* :func:`drain` — what a wait with ``cancel=`` does when it ends early, for an operation nobody
+  waits on (a transfer dropped unawaited): ask it to stop, then await its completion, shielded and
+  bounded.
 * :func:`pause` — a bounded sleep between attempts, the only sleep in the project.
 """
 
@@ -34,23 +38,26 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Required, TypedDict, TypeVar, Unpack, overload
 
 import anyio
 import anyio.lowlevel
 import numpy as np
 
-from .clock import Deadline, current_deadline, now, validate_timeout
-from .completion import Completion, Waitable
-from .errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
+from ._clock import Deadline, current_deadline, now, validate_timeout
+from ._completion import Completion, Waitable
+from ._errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
 
 if TYPE_CHECKING:
-    from .watcher import MemoryWatcher
+    from ._watcher import MemoryWatcher
 
 __all__ = [
     "DEFAULT_POLICY",
     "PollPolicy",
+    "BoundArgs",
+    "ProbeArgs",
     "WaitBound",
+    "drain",
     "pause",
     "wait_complete",
     "wait_until",
@@ -67,7 +74,7 @@ class PollPolicy:
     sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``. Spins
     are counted, not timed, so a spin cannot run forever under a virtual clock. asyncio's selector
     rounds sleeps up to whole milliseconds; for sub-millisecond detection of a memory word use a
-    :class:`~aio_runtime.watcher.MemoryWatcher` instead.
+    :class:`~aio_runtime.MemoryWatcher` instead.
     """
 
     spin: int = 4
@@ -123,7 +130,7 @@ class WaitBound:
     scope, whichever comes first, and the error to raise when it is reached.
 
     Created when the wait (or the sequence) starts; it is refused at once
-    (:class:`~aio_runtime.errors.UnboundedWaitError`) with neither a timeout nor a scope. Each step
+    (:class:`~aio_runtime.UnboundedWaitError`) with neither a timeout nor a scope. Each step
     of a sequence runs under it — a wait with ``within=bound``, anything else with :meth:`run` —
     and a timeout reports the step in progress, with the sequence's timeout and elapsed time.
     """
@@ -208,13 +215,30 @@ class WaitBound:
         )
 
 
-def _resolve(
-    within: WaitBound | None,
-    timeout: float | None,
+class BoundArgs(TypedDict, total=False):
+    """The keywords that bound a wait (:func:`wait_complete`, :func:`wait_until`,
+    :func:`~aio_runtime.wait_register`, :func:`~aio_runtime.run_in_thread`): ``awaited``, what the
+    wait is for, and either its own bound — ``error`` (the :class:`~aio_runtime.HardwareTimeout`
+    subclass it raises), ``timeout`` and ``layer`` (by default the error's), as :class:`WaitBound`
+    takes them — or ``within``, a bound it shares with the other steps of a sequence."""
+
+    awaited: Required[str]
+    error: type[HardwareTimeout] | None
+    timeout: float | None
+    layer: Layer | None
+    within: WaitBound | None
+
+
+def resolve_bound(
+    *,
     awaited: str,
-    error: type[HardwareTimeout] | None,
-    layer: Layer | None,
+    error: type[HardwareTimeout] | None = None,
+    timeout: float | None = None,
+    layer: Layer | None = None,
+    within: WaitBound | None = None,
 ) -> WaitBound:
+    """The bound a wait runs under, from its :class:`BoundArgs`: the shared one it was given
+    (``within=``), or its own, made now."""
     if within is not None:
         if timeout is not None:
             raise TypeError("pass either timeout= or within=, not both")
@@ -232,19 +256,33 @@ def _already_done(completion: Waitable[Any]) -> bool:
     return False
 
 
-async def _drain(
-    completion: Waitable[Any], cancel: Callable[[], object], limit: float, exc: BaseException
+async def drain(
+    completion: Waitable[object],
+    cancel: Callable[[], object],
+    *,
+    limit: float,
+    failure: BaseException | None = None,
 ) -> bool:
-    """Ask the operation to stop, then await its completion — shielded, for at most ``limit``.
+    """Ask an operation in flight to stop, then wait for its completion — shielded from
+    cancellation, for at most ``limit`` seconds — so that its buffers may be reused or freed.
 
-    Returns whether it completed. A failing ``cancel()`` (cancelling a transfer that has just
-    finished, a device that is gone) does not replace ``exc``: it is noted on it.
+    Returns True once the operation has completed (at once, without asking it to stop, if it
+    already had), False if it did not complete within ``limit``: its buffers still belong to it.
+    What the stopped operation delivers (a result, or the error of a cancelled transfer) is
+    dropped. A failing ``cancel()`` (cancelling a transfer that has just finished, a device that
+    is gone) does not end the wait: it is noted on ``failure`` — the exception the caller is about
+    to raise, if any — and otherwise ignored.
     """
+    checked = validate_timeout(limit, what="limit")
+    assert checked is not None
+    if _already_done(completion):
+        return True
     try:
         cancel()
     except Exception as cancel_error:
-        exc.add_note(f"asking the operation to stop failed: {cancel_error!r}")
-    with anyio.CancelScope(shield=True), anyio.move_on_after(limit) as scope:
+        if failure is not None:
+            failure.add_note(f"asking the operation to stop failed: {cancel_error!r}")
+    with anyio.CancelScope(shield=True), anyio.move_on_after(checked) as scope:
         with contextlib.suppress(Exception):  # the stopped operation's own outcome
             await completion.wait()
     return not scope.cancelled_caught
@@ -262,19 +300,16 @@ def _mark_in_flight(exc: BaseException, limit: float) -> None:
 async def wait_complete(
     completion: Waitable[T],
     *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
     cancel: Callable[[], object] | None = None,
     drain_timeout: float = 1.0,
+    **bounding: Unpack[BoundArgs],
 ) -> T:
     """Wait for a callback to complete ``completion`` and return its result.
 
-    Raises ``error`` (its own timeout ran out) or :class:`BudgetExhausted` (the enclosing scope's
-    did). An exception the completion carries is re-raised as is. A completion that is already done
-    returns at once, even with no time left.
+    Bounded by its :class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or
+    ``within``. Raises ``error`` (its own timeout ran out) or :class:`BudgetExhausted` (the
+    enclosing scope's did). An exception the completion carries is re-raised as is. A completion
+    that is already done returns at once, even with no time left.
 
     ``cancel``: when the wait ends without the completion (timeout, budget or cancellation of the
     waiting task), call ``cancel()`` to ask the operation to stop (cancel a USB transfer, terminate
@@ -285,59 +320,45 @@ async def wait_complete(
     loop pass) stands: its result is returned, not discarded. What the operation delivers while it is
     being stopped only returns ownership of its buffers; the wait has timed out.
     """
-    bound = _resolve(within, timeout, awaited, error, layer)
-    bound.note(awaited)
-    drain = validate_timeout(drain_timeout, what="drain_timeout")
-    assert drain is not None
+    bound = resolve_bound(**bounding)
+    bound.note(bounding["awaited"])
+    limit = validate_timeout(drain_timeout, what="drain_timeout")
+    assert limit is not None
     if _already_done(completion):
         return bound.step_done(await completion.wait())
     try:
         with anyio.CancelScope(deadline=bound.at):
             return bound.step_done(await completion.wait())
     except BaseException as exc:
-        if cancel is not None and not _already_done(completion):
-            if not await _drain(completion, cancel, drain, exc):
-                _mark_in_flight(exc, drain)
+        if cancel is not None and not await drain(completion, cancel, limit=limit, failure=exc):
+            _mark_in_flight(exc, limit)
         raise
     if _already_done(completion):  # it completed as the deadline fell: that outcome stands
         return bound.step_done(await completion.wait())
     timed_out = bound.timed_out()
-    if cancel is not None and not await _drain(completion, cancel, drain, timed_out):
-        _mark_in_flight(timed_out, drain)
+    if cancel is not None and not await drain(completion, cancel, limit=limit, failure=timed_out):
+        _mark_in_flight(timed_out, limit)
     raise timed_out
+
+
+class ProbeArgs(BoundArgs, total=False):
+    """The keywords of :func:`wait_until`: its :class:`BoundArgs`, and how the probe is read."""
+
+    expected: object
+    policy: PollPolicy
+    reset_on_progress: bool
+    watcher: MemoryWatcher | None
 
 
 @overload
 async def wait_until(
-    probe: Callable[[], Awaitable[T]],
-    predicate: Callable[[T], bool],
-    *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
-    expected: object = None,
-    policy: PollPolicy = DEFAULT_POLICY,
-    reset_on_progress: bool = False,
-    watcher: MemoryWatcher | None = None,
+    probe: Callable[[], Awaitable[T]], predicate: Callable[[T], bool], **options: Unpack[ProbeArgs]
 ) -> T: ...
 
 
 @overload
 async def wait_until(
-    probe: Callable[[], T],
-    predicate: Callable[[T], bool],
-    *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
-    expected: object = None,
-    policy: PollPolicy = DEFAULT_POLICY,
-    reset_on_progress: bool = False,
-    watcher: MemoryWatcher | None = None,
+    probe: Callable[[], T], predicate: Callable[[T], bool], **options: Unpack[ProbeArgs]
 ) -> T: ...
 
 
@@ -345,18 +366,16 @@ async def wait_until(
     probe: Callable[[], Any],
     predicate: Callable[[Any], bool],
     *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
     expected: object = None,
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
     watcher: MemoryWatcher | None = None,
+    **bounding: Unpack[BoundArgs],
 ) -> Any:
     """Read ``probe`` until ``predicate(value)`` holds; return that value.
 
+    Bounded by its :class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or
+    ``within``.
     ``probe`` is a plain read or returns an awaitable (an async register read). The probe is read
     at least once, so a condition that already holds returns even with no time left. The last value
     read is reported as ``observed`` on timeout, ``expected`` as given. A plain read is taken once
@@ -370,9 +389,10 @@ async def wait_until(
     ``watcher``: probe on that watcher's thread instead of the loop (``probe`` must then be a plain
     read); the waiting task is woken thread-safely.
     """
-    if reset_on_progress and within is not None:
+    if reset_on_progress and bounding.get("within") is not None:
         raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
-    bound = _resolve(within, timeout, awaited, error, layer)
+    bound = resolve_bound(**bounding)
+    awaited = bounding["awaited"]
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
         return await _wait_watched(

@@ -26,8 +26,8 @@ from types import MappingProxyType
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .clock import now
-from .log import get_logger
+from ._clock import now
+from ._log import get_logger
 
 _log = get_logger("aio_runtime.health")
 

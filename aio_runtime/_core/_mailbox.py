@@ -3,9 +3,9 @@
 A mailbox is three registers: the host clears the response register, writes the argument, writes
 the message id, then waits for firmware to put a response code in the response register. Sends
 are serialised per mailbox (the registers are shared state). A response that is not success raises
-:class:`~aio_runtime.errors.FirmwareError` as soon as it is read — the firmware has answered, so
+:class:`~aio_runtime.FirmwareError` as soon as it is read — the firmware has answered, so
 there is nothing left to wait for — and no response within the timeout raises
-:class:`~aio_runtime.errors.FirmwareTimeout`.
+:class:`~aio_runtime.FirmwareTimeout`.
 
 Registers are reached through a :class:`RegisterFile`: async reads and writes, because over a
 USB-PCIe bridge every register access is itself a transfer. :class:`MemoryRegisters` backs one with
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Unpack
 
 import anyio
 import numpy as np
 
-from .clock import validate_timeout
-from .errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
-from .waits import DEFAULT_POLICY, PollPolicy, WaitBound, wait_until
+from ._clock import validate_timeout
+from ._errors import FirmwareError, FirmwareTimeout, Layer
+from ._waits import DEFAULT_POLICY, BoundArgs, PollPolicy, WaitBound, wait_until
 
 __all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
 
@@ -70,22 +70,20 @@ async def wait_register(
     *,
     mask: int = _MASK32,
     value: int,
-    awaited: str,
-    timeout: float | None = None,
-    error: type[HardwareTimeout] = FirmwareTimeout,
-    layer: Layer | None = None,
     policy: PollPolicy = DEFAULT_POLICY,
+    **bounding: Unpack[BoundArgs],
 ) -> int:
-    """Poll a register until ``(register & mask) == value``; return the full register value."""
+    """Poll a register until ``(register & mask) == value``; return the full register value.
+
+    Bounded by its :class:`~aio_runtime.BoundArgs`; ``error`` is :class:`FirmwareTimeout` unless
+    given."""
+    bounding.setdefault("error", FirmwareTimeout)
     return await wait_until(
         lambda: registers.read(index),
         lambda v: (v & mask) == value,
-        awaited=awaited,
-        error=error,
-        timeout=timeout,
-        layer=layer,
         expected=value,
         policy=policy,
+        **bounding,
     )
 
 

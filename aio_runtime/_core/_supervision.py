@@ -21,10 +21,10 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from .clock import now, validate_timeout
-from .health import AvailabilityMachine
-from .log import get_logger
-from .waits import pause
+from ._clock import now, validate_timeout
+from ._health import AvailabilityMachine
+from ._log import get_logger
+from ._waits import pause
 
 __all__ = ["Backoff", "Supervisor", "SupervisorStatistics"]
 

@@ -25,13 +25,12 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Collection
-from typing import TypeVar
+from typing import TypeVar, Unpack
 
-from .clock import validate_timeout
-from .completion import Completion
-from .errors import HardwareTimeout, Layer
-from .ownership import current_ledger
-from .waits import WaitBound, _resolve, wait_complete
+from ._clock import validate_timeout
+from ._completion import Completion
+from ._ownership import LedgerKind, current_ledger
+from ._waits import BoundArgs, resolve_bound, wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 
@@ -56,7 +55,9 @@ class PendingCall:
                 self._work = None  # what it would have used is released now, not when reached
             return not self._started
 
-    def _run(self) -> None:  # on the worker thread
+    def run(self) -> None:
+        """Run the call unless it was withdrawn. The worker thread calls it when the call's turn
+        comes; from then on :meth:`withdraw` returns False."""
         with self._lock:
             work, self._started = self._work, self._work is not None
         if work is not None:
@@ -89,7 +90,7 @@ class WorkerThread:
         if self.cpus is not None:
             os.sched_setaffinity(0, self.cpus)  # this thread's
         for call in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
-            call._run()
+            call.run()
 
     def close(self) -> None:
         if self._thread is not None:
@@ -103,26 +104,25 @@ def _no_stop_request() -> None:
 async def run_in_thread(
     fn: Callable[[], T],
     *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
     cancel: Callable[[], object] | None = None,
     drain_timeout: float = 1.0,
     worker: WorkerThread | None = None,
+    **bounding: Unpack[BoundArgs],
 ) -> T:
     """Run ``fn()`` on a worker thread and return its result (or raise its exception).
 
-    The bound is checked before the thread starts: a call the runtime refuses never runs.
+    Bounded by its :class:`~aio_runtime.BoundArgs` (``awaited``, and ``error``/``timeout``/``layer``
+    or ``within``), as every wait is. The bound is checked before the thread starts: a call the
+    runtime refuses never runs.
     """
-    bound = _resolve(within, timeout, awaited, error, layer)
+    bound = resolve_bound(**bounding)
+    awaited = bounding["awaited"]
     validate_timeout(drain_timeout, what="drain_timeout")
     done: Completion[T] = Completion()
     setter = done.threadsafe_setter()
     context = contextvars.copy_context()
     ledger = current_ledger()
-    entry = ledger.open("worker thread", awaited)
+    entry = ledger.open(LedgerKind.WORKER_THREAD, awaited)
 
     def work() -> None:
         # The call has let go of its buffers once it returns: the ledger says so before the

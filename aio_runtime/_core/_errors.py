@@ -129,10 +129,15 @@ class HardwareTimeout(_TimedOut):
 
 
 class UsbTransferTimeout(HardwareTimeout):
+    """A USB transfer (bulk or control) did not complete."""
+
     default_layer = Layer.USB_TRANSFER
 
 
 class PcieRequestTimeout(HardwareTimeout):
+    """A PCIe request through the bridge (its transfers and retries together), or the link, did not
+    complete."""
+
     default_layer = Layer.PCIE_REQUEST
 
 
@@ -149,10 +154,14 @@ class FirmwareTimeout(HardwareTimeout):
 
 
 class CameraTimeout(HardwareTimeout):
+    """A camera, or a step on the way to its frames, did not deliver."""
+
     default_layer = Layer.CAMERA
 
 
 class ModelTimeout(HardwareTimeout):
+    """A model run did not finish."""
+
     default_layer = Layer.MODEL
 
 

@@ -20,7 +20,7 @@ that wants it) to buy latency. Give a watcher for long jobs (a model run of seve
 ``spin=0``. The spin yields with ``sched_yield``, not ``time.sleep(0)``: see :func:`_yield_thread`.
 
 Use it through :func:`aio_runtime.wait_until` (``watcher=...``) or a
-:class:`~aio_runtime.signals.TimelineSignal` built with one; both remove the watch when the wait
+:class:`~aio_runtime.TimelineSignal` built with one; both remove the watch when the wait
 ends for any reason, and once a watch is removed its probe is never called again (sweeps run under
 the watcher's lock), so the memory behind it may be released. A probe or predicate that raises
 fails its own waiter only; if the thread itself stops, every pending waiter fails with
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 import os
 import sys
 import threading
@@ -46,10 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._loop import loop_hooks
-from .completion import Completion
-from .log import get_logger
-from .waits import differs
+from ._completion import Completion, loop_caller
+from ._log import get_logger
+from ._loop import loop_clock
+from ._waits import differs
 
 __all__ = ["MemoryWatcher", "Watch", "WatcherStatistics", "WatcherStopped"]
 
@@ -91,51 +90,70 @@ def _yield_thread() -> None:
 
 
 class Watch(Generic[T]):
-    """One pending wait on a watcher. Created by :meth:`MemoryWatcher.watch` on the loop thread."""
+    """One pending wait on a watcher. Created by :meth:`MemoryWatcher.watch` on the loop thread.
+
+    The watcher thread reports to it — :meth:`finish`, :meth:`fail`, :meth:`progressed` — and each
+    report is handed to the loop thread-safely; the first outcome wins.
+    """
 
     def __init__(
         self,
-        watcher: MemoryWatcher,
         probe: Callable[[], T],
         predicate: Callable[[T], bool],
+        *,
         track_progress: bool,
+        remove: Callable[[Watch[T]], None],
     ) -> None:
-        self._watcher = watcher
         self.probe = probe
         self.predicate = predicate
         self.track_progress = track_progress
-        self._wake, self._clock = loop_hooks()
+        self._remove = remove
         self._completion: Completion[T] = Completion()
+        self._outcome = self._completion.threadsafe_setter()
+        self._progress = _ProgressNote() if track_progress else None
         self.started = time.monotonic()
         self.last_value: object = None
-        self.last_change: float | None = None
+
+    @property
+    def last_change(self) -> float | None:
         """Loop time at which the watcher last saw the value change (only with track_progress)."""
+        return None if self._progress is None else self._progress.at
 
     async def wait(self) -> T:
         return await self._completion.wait()
 
     def cancel(self) -> None:
         """Stop watching. Once this returns the probe is not called again. Idempotent."""
-        self._watcher._discard(self)
+        self._remove(self)
 
     # Called on the watcher thread.
-    def _deliver(self, fn: Callable[[], object]) -> None:
-        try:
-            self._wake(fn)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is waiting any more
+    def finish(self, value: T) -> None:
+        """The condition holds with ``value``: the wait returns it."""
+        self._outcome.set_result(value)
 
-    # Called on the loop thread (through _deliver).
-    def _finish(self, value: T) -> None:
-        if not self._completion.done():
-            self._completion.set_result(value)
+    def fail(self, exc: BaseException) -> None:
+        """The wait fails with ``exc`` (a probe that raised, a watcher that stopped)."""
+        self._outcome.set_exception(exc)
 
-    def _fail(self, exc: BaseException) -> None:
-        if not self._completion.done():
-            self._completion.set_exception(exc)
+    def progressed(self) -> None:
+        """The value changed: :attr:`last_change` becomes the loop time the loop hears of it."""
+        if self._progress is not None:
+            self._progress.note()
 
-    def _note_progress(self) -> None:
-        self.last_change = self._clock()
+
+class _ProgressNote:
+    """When a watched value last changed, in loop time: noted on the loop, told from any thread."""
+
+    def __init__(self) -> None:
+        self._call = loop_caller()
+        self._clock = loop_clock()
+        self.at: float | None = None
+
+    def note(self) -> None:
+        self._call(self._noted)
+
+    def _noted(self) -> None:  # on the loop thread
+        self.at = self._clock()
 
 
 @dataclass(frozen=True)
@@ -194,7 +212,7 @@ class MemoryWatcher:
         track_progress: bool = False,
     ) -> Watch[T]:
         """Start watching; must be called from a task on the event loop that will await it."""
-        watch = Watch(self, probe, predicate, track_progress)
+        watch = Watch(probe, predicate, track_progress=track_progress, remove=self._discard)
         with self._cond:
             if self._closed:
                 raise WatcherStopped(f"memory watcher {self.name!r} is closed")
@@ -264,7 +282,7 @@ class MemoryWatcher:
             self._watches.clear()
             self._thread = None
         for watch in pending:
-            watch._deliver(functools.partial(watch._fail, reason))
+            watch.fail(reason)
 
     def _pause(self, waited: float) -> float:
         """Sleep between sweeps once the youngest watch has waited ``waited`` seconds."""
@@ -278,18 +296,20 @@ class MemoryWatcher:
             value = watch.probe()
             satisfied = bool(watch.predicate(value))
         except Exception as exc:  # a broken probe fails its waiter instead of the watcher
-            self._take(watch, functools.partial(watch._fail, exc))
+            self._take(watch)
+            watch.fail(exc)
             return
         if satisfied:
-            self._take(watch, functools.partial(watch._finish, value))
+            self._take(watch)
+            watch.finish(value)
             return
         if differs(value, watch.last_value):
             changed = watch.last_value is not None
             watch.last_value = value
             if changed and watch.track_progress:
-                watch._deliver(watch._note_progress)
+                watch.progressed()
 
-    def _take(self, watch: Watch[Any], outcome: Callable[[], object]) -> None:
+    def _take(self, watch: Watch[Any]) -> None:
+        """A watch is answered: no further sweep probes it."""
         del self._watches[id(watch)]
         self._completed += 1
-        watch._deliver(outcome)

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from .errors import HardwareTimeout, Layer, SignalTimeout
-from .waits import DEFAULT_POLICY, PollPolicy, WaitBound, wait_until
-from .watcher import MemoryWatcher
+from ._errors import HardwareTimeout, Layer, SignalTimeout
+from ._waits import DEFAULT_POLICY, PollPolicy, WaitBound, wait_until
+from ._watcher import MemoryWatcher
 
 __all__ = ["Fence", "TimelineSignal", "serial_reached"]
 
