@@ -24,9 +24,11 @@ from typing import Any
 import anyio
 
 from aio_runtime import (
+    AsyncResource,
     DeviceLost,
     Layer,
     LedgerEntry,
+    LedgerKind,
     Owned,
     Readiness,
     ReadinessLayer,
@@ -74,7 +76,7 @@ class HostMapping:
     entry: LedgerEntry = field(repr=False)
 
 
-class GpuSession:
+class GpuSession(AsyncResource):
     """A booted GPU (``device``) behind ``bridge``; :meth:`open` boots one."""
 
     def __init__(
@@ -163,7 +165,9 @@ class GpuSession:
     def map_host(self, memory: Any) -> HostMapping:
         """Register a host buffer for copies; :meth:`unmap` undoes exactly this."""
         view = memoryview(memory).cast("B")
-        mapping = HostMapping(view, current_ledger().open("host mapping", f"{len(view)} bytes"))
+        mapping = HostMapping(
+            view, current_ledger().open(LedgerKind.HOST_MAPPING, f"{len(view)} bytes")
+        )
         self._mappings.add(mapping)
         return mapping
 
@@ -332,9 +336,3 @@ class GpuSession:
     def _check_open(self) -> None:
         if self._closed:
             raise DeviceLost("the GPU session is closed", layer=Layer.GPU_QUEUE)
-
-    async def __aenter__(self) -> GpuSession:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

@@ -12,13 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aio_runtime import Completion, DeviceLost, Layer, WaitBound, current_ledger, loop_caller
+from aio_runtime import (
+    Completion,
+    DeviceLost,
+    Layer,
+    LedgerKind,
+    WaitBound,
+    current_ledger,
+    loop_caller,
+)
 
 from ..usb.backend import Payload, Setup, TransportBase
 from ..usb.base import (
     CONTROL_IN,
     CONTROL_OUT,
-    LEDGER_KIND,
     TransferOutcome,
     UsbTransfer,
 )
@@ -71,7 +78,7 @@ class SimUsbTransport(TransportBase):
             urb = SimUrb(endpoint, request_type, request, value, index, data=data, length=length)
         completion: Completion[SimUrb] = Completion()
         ledger = current_ledger()
-        entry = ledger.open(LEDGER_KIND, bound.awaited)
+        entry = ledger.open(LedgerKind.USB_TRANSFER, bound.awaited)
 
         def completed(done: SimUrb) -> None:
             ledger.close(entry)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from aio_runtime import DeviceLost, Layer, UsbTransferTimeout, WaitBound
+from aio_runtime import AsyncResource, DeviceLost, Layer, UsbTransferTimeout, WaitBound
 
 from .base import (
     TransferOutcome,
@@ -32,14 +32,15 @@ Payload = bytes | bytearray | memoryview | int
 IN transfer asks for."""
 
 
-class TransportBase(abc.ABC):
+class TransportBase(AsyncResource):
     """The part of a :class:`UsbTransport` every backend shares.
 
     A backend implements :meth:`_submit` (start one transfer with its library), :meth:`reset`
     and :meth:`aclose`, and reports how each transfer ended through :meth:`_result` (or, for an
     error it mapped itself, :meth:`_noted`). A transport is dead once closed, or once a transfer
     found no device (as a libusb handle is after an unplug: every later call fails with
-    :class:`aio_runtime.DeviceLost` until the device is opened again).
+    :class:`aio_runtime.DeviceLost` until the device is opened again). It is an
+    :class:`aio_runtime.AsyncResource`: leaving ``async with transport:`` closes it.
     """
 
     def __init__(self, *, drain_timeout: float = 1.0) -> None:
@@ -157,6 +158,3 @@ class TransportBase(abc.ABC):
     @abc.abstractmethod
     async def reset(self, *, timeout: float | None = None) -> None:
         """Reset the device (a USB port reset): it forgets transfers in progress."""
-
-    @abc.abstractmethod
-    async def aclose(self) -> None: ...

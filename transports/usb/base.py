@@ -23,21 +23,19 @@ import math
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-import anyio
-
 from aio_runtime import (
     Completion,
     DeviceLost,
     Layer,
     TransferError,
     WaitBound,
+    drain,
     wait_complete,
 )
 
 __all__ = [
     "CONTROL_IN",
     "CONTROL_OUT",
-    "LEDGER_KIND",
     "ShortTransfer",
     "TransferOutcome",
     "UsbStall",
@@ -57,8 +55,6 @@ CONTROL_OUT = 0x40
 """bmRequestType of a vendor request to the device."""
 CONTROL_IN = 0xC0
 """bmRequestType of a vendor request from the device."""
-LEDGER_KIND = "usb transfer"
-"""What a transfer is in the ledger, from its submission until the library lets go of it."""
 
 
 def describe_control(is_in: bool, request: int, value: int, index: int, length: int) -> str:
@@ -197,14 +193,7 @@ class UsbTransfer(Generic[T]):
     async def cancel(self) -> None:
         """Cancel the transfer (if still in flight) and await its completion, shielded and
         bounded by ``drain_timeout``; its outcome is dropped."""
-        if self.done():
-            return
-        try:
-            self._cancel()
-        except Exception:  # it finished meanwhile, or the device is gone
-            pass
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._drain_timeout):
-            await self._completion.wait()
+        await drain(self._completion, self._cancel, limit=self._drain_timeout)
 
 
 class UsbTransport(Protocol):

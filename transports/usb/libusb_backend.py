@@ -35,6 +35,7 @@ from aio_runtime import (
     Completion,
     DeviceLost,
     Layer,
+    LedgerKind,
     TransferError,
     UsbTransferTimeout,
     WaitBound,
@@ -47,7 +48,6 @@ from aio_runtime import (
 from ..protocol.bridge import BRIDGE_IDS, BRIDGE_PRODUCTS
 from .backend import Payload, Setup, TransportBase
 from .base import (
-    LEDGER_KIND,
     TransferOutcome,
     UsbStall,
     UsbTransfer,
@@ -143,7 +143,7 @@ class LibusbTransport(TransportBase):
             self.context.on_loop(lambda: completed(status, actual, data))
 
         ledger = current_ledger()
-        entry = ledger.open(LEDGER_KIND, bound.awaited)
+        entry = ledger.open(LedgerKind.USB_TRANSFER, bound.awaited)
         try:
             ms = library_timeout_ms(bound.remaining())
             if setup is None:

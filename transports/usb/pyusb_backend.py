@@ -38,6 +38,7 @@ import usb.util  # type: ignore[import-untyped]
 from aio_runtime import (
     Completion,
     Layer,
+    LedgerKind,
     TransferError,
     UsbTransferTimeout,
     WaitBound,
@@ -50,7 +51,6 @@ from aio_runtime import (
 from ..protocol.bridge import BRIDGE_IDS, BRIDGE_PRODUCTS
 from .backend import Payload, Setup, TransportBase
 from .base import (
-    LEDGER_KIND,
     TransferOutcome,
     UsbTransfer,
     library_timeout_ms,
@@ -120,7 +120,7 @@ class PyusbTransport(TransportBase):
         completion: Completion[tuple[str, Any]] = Completion()
         setter = completion.threadsafe_setter()
         ledger = current_ledger()
-        entry = ledger.open(LEDGER_KIND, bound.awaited)
+        entry = ledger.open(LedgerKind.USB_TRANSFER, bound.awaited)
         previous, done = self._last.get(endpoint), threading.Event()
         self._last[endpoint] = done
         context = contextvars.copy_context()
