@@ -60,6 +60,7 @@ __all__ = [
     "boot",
     "boot_mode",
     "scan_interrupts",
+    "smu_mailbox",
 ]
 
 BLOCKS = ("SOC", "GMC", "IH", "PSP", "SMU", "GFX", "SDMA")

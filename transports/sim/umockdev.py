@@ -99,7 +99,7 @@ def descriptors(*, superspeed: bool, vendor: int, product: int) -> bytes:
     return device + config + body
 
 
-def string_descriptor(text: str) -> bytes:
+def _string_descriptor(text: str) -> bytes:
     encoded = text.encode("utf-16-le")
     return bytes([2 + len(encoded), 3]) + encoded
 
@@ -142,8 +142,8 @@ class EmulatedBridge:
             descriptors=self.descriptors,
             strings={
                 0: b"\x04\x03\x09\x04",  # the languages: US English
-                1: string_descriptor(manufacturer),
-                2: string_descriptor(product_name),
+                1: _string_descriptor(manufacturer),
+                2: _string_descriptor(product_name),
             },
             superspeed=speed == "super",
         )
