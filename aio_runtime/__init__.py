@@ -6,6 +6,7 @@ and what was awaited. The core knows nothing about USB, GPUs or faces; ``transpo
 """
 
 from ._core._allocator import AllocatorStatistics, Range, RangeAllocator
+from ._core._bounds import BoundArgs, WaitBound
 from ._core._clock import (
     Deadline,
     current_deadline,
@@ -57,15 +58,13 @@ from ._core._ownership import (
     use_ledger,
 )
 from ._core._resources import AsyncResource
-from ._core._signals import Fence, TimelineSignal
+from ._core._signals import Fence, TimelineSignal, serial_reached
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
 from ._core._threads import PendingCall, WorkerThread, run_in_thread
 from ._core._waits import (
     DEFAULT_POLICY,
-    BoundArgs,
     PollPolicy,
     ProbeArgs,
-    WaitBound,
     drain,
     pause,
     wait_complete,
@@ -145,6 +144,7 @@ __all__ = [
     "pause",
     "reason_kind",
     "run_in_thread",
+    "serial_reached",
     "use_ledger",
     "validate_timeout",
     "wait_complete",

@@ -44,14 +44,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import anyio
 
 from transports.gpu import GpuSession, SessionConfig
-from transports.hwdefs import Sdma
+from transports.protocol.gpu import Sdma
 from transports.sim.bridge import SimBridge
 from transports.sim.engines import CopyEngine
 from transports.sim.gpu import SimDevice
 from transports.sim.server import SimServer
 from transports.sim.umockdev import EmulatedBridge, umockdev_available
 from transports.sim.urb import SimUrb
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 SIZE = 8 << 20
 TARGET = 1000.0

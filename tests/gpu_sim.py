@@ -10,7 +10,7 @@ import numpy as np
 from transports.gpu import GpuSession, SessionConfig
 from transports.sim import FaultPlan, FaultRule
 from transports.sim.gpu import SimDevice
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 ADD_ONE, SLOW_ADD_ONE, FAILS = 1, 2, 3
 SLOW = 1.0

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -70,6 +72,252 @@ def test_imports_only_point_down(package, forbidden):
         if imported_top_levels(tree, path) & forbidden
     }
     assert not offenders, f"{package} must not import {sorted(forbidden)}: {offenders}"
+
+
+# -- the import graph -------------------------------------------------------------------------------
+
+
+def package_modules() -> dict[str, str]:
+    """Every module of the three packages: dotted name -> path (a package is its __init__)."""
+    names = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            names[".".join(parts)] = path.relative_to(ROOT).as_posix()
+    return names
+
+
+def import_time_nodes(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run when the module is imported: not those inside functions
+    (they run when called) nor under ``if TYPE_CHECKING:`` (they never run)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif isinstance(node, ast.If):
+            test = node.test
+            name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+            if name != "TYPE_CHECKING":
+                yield from import_time_nodes(node.body)
+            yield from import_time_nodes(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                yield from import_time_nodes(block)
+        elif isinstance(node, (ast.ClassDef, ast.With, ast.For, ast.While)):
+            yield from import_time_nodes(node.body)
+
+
+def imported_modules(
+    module: str, is_package: bool, nodes: Iterable[ast.Import | ast.ImportFrom], known: set[str]
+) -> set[str]:
+    """The modules of ``known`` that the import statements ``nodes`` of ``module`` execute
+    directly: each imported module and the packages above it (importing ``a.b.c`` runs
+    ``a/__init__`` and ``a/b/__init__`` first) — except the packages above ``module`` itself,
+    which are always imported before it runs."""
+    targets: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            targets |= {alias.name for alias in node.names}
+            continue
+        if node.level:  # relative: from the module's own package, one level up per extra dot
+            package = module if is_package else module.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                package = package.rpartition(".")[0]
+            base = f"{package}.{node.module}" if node.module else package
+        else:
+            base = node.module or ""
+        targets.add(base)
+        targets |= {
+            f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known
+        }
+    ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    executed = set()
+    for target in targets:
+        parts = target.split(".")
+        executed |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return (executed & known) - ancestors - {module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    names = package_modules()
+    known = set(names)
+    graph = {}
+    for module, path in names.items():
+        tree = ast.parse((ROOT / path).read_text(), filename=path)
+        nodes = import_time_nodes(tree.body)
+        graph[module] = imported_modules(module, path.endswith("__init__.py"), nodes, known)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_modules_import_one_another_without_a_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_package_init():
+    """The shape of a cycle that once slipped through: ``p.copy`` imports ``p.gpu.queues``, which
+    runs ``p/gpu/__init__``, which imports ``p.gpu.session``, which imports ``p.copy``."""
+    known = {"p", "p.copy", "p.gpu", "p.gpu.queues", "p.gpu.session"}
+    sources = {
+        "p": ("", True),
+        "p.copy": ("from .gpu.queues import Ring\n", False),
+        "p.gpu": ("from .session import Session\n", True),
+        "p.gpu.queues": ("import struct\n", False),
+        "p.gpu.session": (
+            "from typing import TYPE_CHECKING\nfrom ..copy import Copy\n"
+            "if TYPE_CHECKING:\n    from . import queues\n",
+            False,
+        ),
+    }
+    graph = {
+        name: imported_modules(name, is_package, import_time_nodes(ast.parse(text).body), known)
+        for name, (text, is_package) in sources.items()
+    }
+    assert graph["p.copy"] == {"p.gpu", "p.gpu.queues"}
+    assert graph["p.gpu.session"] == {"p.copy"}  # its own package is not an edge
+    assert find_cycle(graph) == ["p.copy", "p.gpu", "p.gpu.session", "p.copy"]
+    later = ast.parse("def f():\n    from ..copy import Copy\n")
+    graph["p.gpu.session"] = imported_modules(
+        "p.gpu.session", False, import_time_nodes(later.body), known
+    )
+    assert find_cycle(graph) is None  # an import inside a function runs later, not at import
+
+
+# The simulator is one backend among others: outside it, nothing imports it, but for these users.
+SIMULATOR_USERS = {
+    # the simulated GPU that runs the model as its kernel
+    "pipelines/dms/accelerator_sim.py",
+    # the backend factory: the accelerator simulated in this process, one device kind of several
+    "pipelines/dms/service/_backends.py",
+    # the service's fault injection: its faults are the simulator's, scripted on its fault plan
+    "pipelines/dms/faults.py",
+    "pipelines/dms/service/_faults.py",
+}
+
+
+def simulator_imports(module: str, path: str, tree: ast.AST, known: set[str]) -> set[str]:
+    """The simulator's modules that ``module`` imports anywhere (at import time or later)."""
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    imported = imported_modules(module, path.endswith("__init__.py"), nodes, known)
+    return {m for m in imported if m == "transports.sim" or m.startswith("transports.sim.")}
+
+
+def test_nothing_outside_the_simulator_imports_it_but_its_documented_users():
+    names = package_modules()
+    offenders = {
+        path: sorted(found)
+        for module, path in names.items()
+        if not path.startswith(SIMULATOR) and path not in SIMULATOR_USERS
+        if (
+            found := simulator_imports(
+                module, path, ast.parse((ROOT / path).read_text()), set(names)
+            )
+        )
+    }
+    assert not offenders, f"modules that import the simulator: {offenders}"
+
+
+def test_the_simulator_check_sees_an_import_inside_a_function():
+    known = {"transports", "transports.sim", "transports.sim.bridge", "transports.usb"}
+    tree = ast.parse("def open():\n    from ..sim.bridge import SimBridge\n")
+    found = simulator_imports("transports.usb", "transports/usb/__init__.py", tree, known)
+    assert found == {"transports.sim", "transports.sim.bridge"}
+
+
+def test_importing_the_usb_transports_does_not_load_the_simulator():
+    graph = import_graph()
+    for module in [m for m in graph if m == "transports.usb" or m.startswith("transports.usb.")]:
+        parts = module.split(".")
+        loaded, todo = set(), [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        while todo:
+            name = todo.pop()
+            if name not in loaded:
+                loaded.add(name)
+                todo.extend(graph.get(name, ()))
+        simulator = sorted(m for m in loaded if m.startswith("transports.sim"))
+        assert not simulator, f"importing {module} loads {simulator}"
+
+
+def vendor_request_literals(path: str, tree: ast.AST) -> list[str]:
+    """Integer literals spelling one of the bridge's vendor requests, outside the protocol module
+    that names them (:class:`transports.protocol.bridge.VendorRequest`)."""
+    from transports.protocol.bridge import VendorRequest
+
+    if path.startswith("transports/protocol/"):
+        return []
+    codes = {int(request) for request in VendorRequest}
+    return [
+        f"{path}:{node.lineno}: 0x{node.value:X}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value in codes
+    ]
+
+
+def test_the_bridge_s_vendor_requests_are_named_not_spelled_as_numbers():
+    found = [
+        hit for path, tree in sources("transports") for hit in vendor_request_literals(path, tree)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_vendor_request_scan_sees_a_bare_request_code():
+    tree = ast.parse("await usb.control_out(0x40, 0xE4, 0, 0)\n")
+    assert vendor_request_literals("transports/bridge.py", tree) == ["transports/bridge.py:1: 0xE4"]
+    assert not vendor_request_literals("transports/protocol/bridge.py", tree)
+
+
+FIRST_IMPORTS = """
+import importlib, sys
+packages, names = sys.argv[1].split(","), sys.argv[2:]
+for name in names:
+    for loaded in [m for m in sys.modules if m.split(".")[0] in packages]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        print(f"{name}: {type(exc).__name__}: {exc}")
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """Each module imported as the first of the three packages' (the others forgotten before it),
+    so that no module works only because another was imported before it."""
+    names = sorted(package_modules())
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_IMPORTS, ",".join(PACKAGES), *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not done.stdout.strip(), done.stdout
 
 
 def call_name(node: ast.Call) -> str | None:

@@ -12,9 +12,10 @@ from fake_pcie import FakeGpu
 from aio_runtime import Layer, PcieRequestTimeout, UsbTransferTimeout, now
 from aio_runtime.testing import virtual_time
 from transports.bridge import BridgeClient, PcieCompletionError, PcieRetriesExhausted
+from transports.protocol.bridge import CQ_RELEASE_PCIE, FENCE_XDATA, LINK_UP
 from transports.sim import Fault, FaultPlan, FaultRule
-from transports.sim.bridge import CQ_RELEASE_PCIE, FENCE_XDATA, LINK_UP, SimBridge
-from transports.usb import SimUsbTransport
+from transports.sim.bridge import SimBridge
+from transports.sim.usb import SimUsbTransport
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from aio_runtime import Layer, Ledger, SignalTimeout, UsbTransferTimeout, now, use_ledger
 from aio_runtime.testing import virtual_time
-from transports.copy import CHUNK, HALF, GpuFault, sentinel
+from transports.errors import GpuFault
+from transports.gpu.copy import CHUNK, HALF, sentinel
 from transports.sim import Fault, FaultRule
 
 pytestmark = pytest.mark.anyio

@@ -11,9 +11,9 @@ from aio_runtime import Layer, SignalTimeout
 from aio_runtime.testing import virtual_time
 from pipelines.dms.accelerator import AcceleratorRunner
 from pipelines.dms.accelerator_sim import simulated_device
-from transports.copy import CHUNK
+from transports.gpu.copy import CHUNK
 from transports.sim import Fault, FaultRule
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 pytestmark = pytest.mark.anyio
 

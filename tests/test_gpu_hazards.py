@@ -11,13 +11,14 @@ from gpu_sim import ADD_ONE, FAST, SLACK, SLOW, SLOW_ADD_ONE, device, reopen, se
 
 from aio_runtime import Layer, SignalTimeout, UsbTransferTimeout, now
 from aio_runtime.testing import virtual_time
-from transports import hwdefs as hw
-from transports.copy import CHUNK
 from transports.gpu import DependencyFailed, GpuFault, GpuSession
+from transports.gpu.copy import CHUNK
 from transports.gpu.session import Buffer
+from transports.protocol import gpu as hw
+from transports.protocol.bridge import SRAM_SIZE
 from transports.sim import Fault, FaultRule
 from transports.sim.server import SimServer
-from transports.usb import SimUsbTransport
+from transports.sim.usb import SimUsbTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -331,7 +332,7 @@ async def test_a_lost_bulk_transfer_is_a_usb_timeout_of_that_transfer():
         with pytest.raises(UsbTransferTimeout) as info:
             await gpu.copy_in(buffer, bytes(CHUNK))
         assert info.value.layer is Layer.USB_TRANSFER
-        assert info.value.awaited.startswith(f"bulk OUT ep 0x02 ({hw.SRAM_SIZE // 2} bytes)")
+        assert info.value.awaited.startswith(f"bulk OUT ep 0x02 ({SRAM_SIZE // 2} bytes)")
         assert math.isclose(now() - start, FAST.bulk_timeout, abs_tol=0.2)
         await gpu.copy_in(buffer, bytes(CHUNK))  # restores a known state first
 

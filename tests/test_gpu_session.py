@@ -28,8 +28,8 @@ from aio_runtime import (
     use_ledger,
 )
 from aio_runtime.testing import virtual_time
-from transports import hwdefs as hw
 from transports.gpu import GpuFault
+from transports.protocol import gpu as hw
 from transports.sim import Fault, FaultRule
 
 pytestmark = pytest.mark.anyio

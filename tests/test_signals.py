@@ -1,16 +1,21 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aio_runtime import (
     BudgetExhausted,
     Layer,
     SignalTimeout,
     TimelineSignal,
+    WaitBound,
     deadline_scope,
     now,
+    serial_reached,
 )
 from aio_runtime.testing import play_script, virtual_time
 
@@ -117,3 +122,115 @@ async def test_fence_is_one_point_on_the_timeline():
         assert await fence.wait(timeout=1.0) == 2
     assert fence.done()
     assert "done=True" in repr(fence)
+
+
+# -- serial numbers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "target", "bits", "reached"),
+    [
+        (5, 5, 8, True),
+        (6, 5, 8, True),
+        (4, 5, 8, False),
+        (2, 0xFE, 8, True),  # wrapped past the target
+        (0xFE, 2, 8, False),  # the target wrapped: still ahead
+        (0x7F, 0, 8, True),  # less than half the range ahead
+        (0x80, 0, 8, False),  # half the range: behind, not ahead
+        (0x1_0000_0003, 0xFFFF_FFFF, 32, True),  # only the low bits count
+        (0x7FFF_FFFF, 0, 32, True),
+        (0x8000_0000, 0, 32, False),
+    ],
+)
+def test_serial_numbers_compare_modulo_their_width(value, target, bits, reached):
+    assert serial_reached(value, target, bits=bits) is reached
+
+
+@given(st.integers(0, 0xFFFF_FFFF), st.integers(0, 0x7FFF_FFFF))
+def test_a_serial_number_up_to_half_the_range_ahead_has_reached_its_target(target, ahead):
+    assert serial_reached((target + ahead) & 0xFFFF_FFFF, target, bits=32)
+    assert not serial_reached(target, (target + ahead + 1) & 0xFFFF_FFFF, bits=32)
+
+
+def test_a_modular_32_bit_signal_counts_a_wrapped_value_as_past_its_target():
+    signal = TimelineSignal(compare_bits=32, modular=True)
+    signal.set(0x1_0000_0002)  # the low dword wrapped past 0xffff_fff0
+    assert signal.reached(0xFFFF_FFF0)
+    assert not TimelineSignal(compare_bits=32).reached(0xFFFF_FFF0, 0x1_0000_0002)
+    signal.set(0xFFFF_FFF0)
+    assert not signal.reached(0x1_0000_0002)
+
+
+# -- a signal behind an async read ---------------------------------------------------------------
+
+
+class Register:
+    """A timeline word reached over a bus: every read is awaited and counted."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.reads = 0
+
+    async def read(self) -> int:
+        self.reads += 1
+        await anyio.lowlevel.checkpoint()
+        return self.value
+
+
+async def test_a_signal_over_an_async_read_waits_through_it():
+    register = Register()
+    signal = TimelineSignal(read=register.read, name="compute", compare_bits=32, modular=True)
+
+    async def advance() -> None:
+        await anyio.sleep(0.25)
+        register.value = 3
+
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(advance)
+        start = now()
+        assert await signal.wait(3, timeout=1.0) == 3
+        assert now() - start >= 0.25 - EPS
+    assert register.reads > 1
+    assert await signal.read() == 3
+
+
+async def test_a_signal_over_an_async_read_times_out_with_its_last_read():
+    register = Register()
+    register.value = 1
+    signal = TimelineSignal(read=register.read, name="compute")
+    async with virtual_time():
+        with pytest.raises(SignalTimeout) as info:
+            await signal.wait(2, timeout=0.5, awaited="compute timeline >= 2")
+    assert (info.value.expected, info.value.observed) == (2, 1)
+    assert info.value.awaited == "compute timeline >= 2"
+
+
+async def test_a_read_that_fails_ends_the_wait_with_its_error():
+    async def faulted() -> int:
+        raise RuntimeError("the device is in its error state")
+
+    signal = TimelineSignal(read=faulted)
+    with pytest.raises(RuntimeError, match="error state"):
+        await signal.wait(1, timeout=1.0)
+
+
+async def test_a_signal_wait_can_share_a_bound_with_other_waits():
+    signal = TimelineSignal(name="compute")
+    async with virtual_time():
+        bound = WaitBound(awaited="a frame's device work", error=SignalTimeout, timeout=0.2)
+        with pytest.raises(SignalTimeout) as info:
+            await signal.wait(1, within=bound)
+    assert info.value.timeout == pytest.approx(0.2)
+
+
+def test_a_signal_behind_an_async_read_has_no_value_to_look_at_nor_set():
+    async def read() -> int:
+        return 0
+
+    signal = TimelineSignal(read=read, name="compute")
+    for touch in (lambda: signal.value, lambda: signal.set(1), lambda: signal.reached(1)):
+        with pytest.raises(TypeError, match=r"await signal\.read"):
+            touch()
+    assert signal.reached(1, observed=1)
+    with pytest.raises(ValueError, match="takes no memory"):
+        TimelineSignal(bytearray(16), read=read)

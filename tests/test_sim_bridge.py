@@ -11,8 +11,7 @@ import pytest
 from fake_pcie import FakeGpu
 
 from aio_runtime.testing import virtual_time
-from transports.sim import Fault, FaultPlan, FaultRule
-from transports.sim.bridge import (
+from transports.protocol.bridge import (
     CQ_RELEASE_PCIE,
     FENCE_XDATA,
     LINK_UP,
@@ -21,8 +20,9 @@ from transports.sim.bridge import (
     SRAM_PCIE,
     SYS_PCIE,
     CompletionStatus,
-    SimBridge,
 )
+from transports.sim import Fault, FaultPlan, FaultRule
+from transports.sim.bridge import SimBridge
 from transports.sim.urb import SimUrb, UrbStatus
 
 MWR32, MRD32, CFG_READ0, CFG_READ1 = 0x40, 0x00, 0x04, 0x05

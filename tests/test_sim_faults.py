@@ -94,3 +94,16 @@ async def test_a_rule_added_mid_run_counts_from_when_it_was_added():
         assert plan.check(Fault.TLP_RETRY_STORM) is not None  # its window starts now
         await anyio.sleep(1.0)
         assert plan.check(Fault.TLP_RETRY_STORM) is None
+
+
+async def test_adding_a_rule_leaves_the_rule_as_it_was_so_two_plans_can_share_it():
+    rule = FaultRule(Fault.USB_TIMEOUT, at=2)
+    before = dict(vars(rule))
+    first = FaultPlan()
+    first.check(Fault.USB_TIMEOUT)
+    first.add(rule)  # counts from the first plan's occurrence 1
+    second = FaultPlan()
+    second.add(rule)  # and from the second plan's 0
+    assert vars(rule) == before
+    assert [first.check(Fault.USB_TIMEOUT) is rule for _ in range(3)] == [False, True, False]
+    assert [second.check(Fault.USB_TIMEOUT) is rule for _ in range(3)] == [False, True, False]

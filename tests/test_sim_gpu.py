@@ -11,10 +11,10 @@ from gpu_sim import ADD_ONE, SLOW, SLOW_ADD_ONE, device
 
 from aio_runtime import now
 from aio_runtime.testing import virtual_time
-from transports import hwdefs as hw
 from transports.gpu.queues import Packets
+from transports.protocol import gpu as hw
+from transports.protocol.bridge import SRAM_PCIE
 from transports.sim import Fault, FaultRule
-from transports.sim.bridge import SRAM_PCIE
 
 pytestmark = pytest.mark.anyio
 

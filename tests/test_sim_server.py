@@ -14,7 +14,8 @@ from aio_runtime import Ledger, UsbTransferTimeout, use_ledger
 from transports.gpu import GpuSession
 from transports.sim import Fault, FaultPlan, FaultRule, SimBridge
 from transports.sim.server import SimServer
-from transports.usb import CONTROL_IN, CONTROL_OUT, SimUsbTransport
+from transports.sim.usb import SimUsbTransport
+from transports.usb import CONTROL_IN, CONTROL_OUT
 
 pytestmark = pytest.mark.anyio
 

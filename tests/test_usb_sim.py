@@ -16,9 +16,11 @@ from aio_runtime import (
     deadline_scope,
 )
 from aio_runtime.testing import virtual_time
+from transports.protocol.bridge import FENCE_XDATA
 from transports.sim import Fault, FaultPlan, FaultRule
-from transports.sim.bridge import FENCE_XDATA, SimBridge
-from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, SimUsbTransport, UsbStall
+from transports.sim.bridge import SimBridge
+from transports.sim.usb import SimUsbTransport
+from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, UsbStall
 
 pytestmark = pytest.mark.anyio
 
@@ -122,3 +124,12 @@ async def test_only_vendor_requests_reach_the_bridge():
     usb, _ = transport()
     with pytest.raises(ValueError, match="vendor"):
         await usb.control_in(0x80, 0x06, 0x0100, 0, 18, timeout=1)
+
+
+async def test_leaving_async_with_closes_the_transport():
+    usb, _ = transport()
+    async with usb as opened:
+        assert opened is usb
+        await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 1, timeout=1)
+    with pytest.raises(DeviceLost, match="transport closed"):
+        await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 1, timeout=1)

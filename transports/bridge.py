@@ -1,8 +1,8 @@
 """The host side of the USB-PCIe bridge: controller memory, PCIe requests, the SRAM DMA engine,
 power and link bring-up — every step bounded, over any :class:`~transports.usb.UsbTransport`.
 
-Request formats are those of :mod:`transports.sim.bridge` (spec hardware-waits §4.3-4.4). Each
-vendor request is one USB transfer with its own timeout: ``control_timeout`` (1 s), 0xF3 power
+Request formats are those of :mod:`transports.protocol.bridge` (spec hardware-waits §4.3-4.4).
+Each vendor request is one USB transfer with its own timeout: ``control_timeout`` (1 s), power
 ``power_timeout`` (10 s), the bulk stage of a stream ``bulk_timeout`` (10 s). A PCIe request is
 bounded as a whole by ``request_timeout`` (its transfers and its retries):
 :class:`aio_runtime.PcieRequestTimeout` when that runs out. The bridge answers "busy, retry" with a
@@ -24,7 +24,6 @@ reset). A request's own bound (``request_timeout``) starts once it has its chann
 from __future__ import annotations
 
 import contextlib
-import struct
 from collections.abc import AsyncIterator
 
 import anyio
@@ -39,20 +38,30 @@ from aio_runtime import (
     wait_until,
 )
 
-from .hwdefs import EP_BULK_IN, EP_BULK_OUT, LINK_UP, LTSSM_XDATA, SECTOR, SLOT, SRAM_SLOTS
+from .protocol.bridge import (
+    COMPLETION_SIZE,
+    EP_BULK_IN,
+    EP_BULK_OUT,
+    LINK_UP,
+    LTSSM_XDATA,
+    MAX_XDATA_READ,
+    SECTOR,
+    SLOT,
+    SRAM_SLOTS,
+    PcieCompletion,
+    StreamMode,
+    TlpType,
+    VendorRequest,
+    byte_enables,
+    completion_name,
+    config_address,
+    pack_arm,
+    pack_tlp,
+    unpack_completion,
+)
 from .usb import CONTROL_IN, CONTROL_OUT, UsbTransport
 
-__all__ = [
-    "EP_BULK_IN",
-    "EP_BULK_OUT",
-    "BridgeClient",
-    "Channel",
-    "PcieCompletionError",
-    "PcieRetriesExhausted",
-]
-
-_MRD32, _MRD64, _MWR32, _MWR64 = 0x00, 0x20, 0x40, 0x60
-_COMPLETION_NAMES = {1: "unsupported request", 2: "configuration retry", 4: "completer abort"}
+__all__ = ["BridgeClient", "Channel", "PcieCompletionError", "PcieRetriesExhausted"]
 
 
 class PcieCompletionError(TransferError):
@@ -69,14 +78,6 @@ class PcieRetriesExhausted(TransferError):
     """The bridge kept answering "busy, retry" to a PCIe request."""
 
     default_layer = Layer.PCIE_REQUEST
-
-
-def _byte_enables(address: int, size: int) -> int:
-    if size not in (1, 2, 4) or (address & 3) + size > 4:
-        raise ValueError(
-            f"a single TLP moves 1, 2 or 4 bytes within a dword, got {size} at 0x{address:x}"
-        )
-    return ((1 << size) - 1) << (address & 3)
 
 
 class Channel:
@@ -152,22 +153,31 @@ class BridgeClient:
     # -- controller memory -----------------------------------------------------------------
 
     async def read_xdata(self, address: int, length: int) -> bytes:
-        """Read controller memory (0xE4, up to 0xFF bytes per request)."""
+        """Read controller memory (up to :data:`MAX_XDATA_READ` bytes per request)."""
         parts = []
-        for offset in range(0, length, 0xFF):
-            size = min(0xFF, length - offset)
+        for offset in range(0, length, MAX_XDATA_READ):
+            size = min(MAX_XDATA_READ, length - offset)
             parts.append(
                 await self.usb.control_in(
-                    CONTROL_IN, 0xE4, address + offset, 0, size, timeout=self.control_timeout
+                    CONTROL_IN,
+                    VendorRequest.READ_XDATA,
+                    address + offset,
+                    0,
+                    size,
+                    timeout=self.control_timeout,
                 )
             )
         return b"".join(parts)
 
     async def write_xdata(self, address: int, data: bytes) -> None:
-        """Write controller memory, one 0xE5 request per byte."""
+        """Write controller memory, one request per byte."""
         for offset, byte in enumerate(data):
             await self.usb.control_out(
-                CONTROL_OUT, 0xE5, address + offset, byte, timeout=self.control_timeout
+                CONTROL_OUT,
+                VendorRequest.WRITE_XDATA,
+                address + offset,
+                byte,
+                timeout=self.control_timeout,
             )
 
     # -- power and link --------------------------------------------------------------------
@@ -176,7 +186,9 @@ class BridgeClient:
         return (await self.read_xdata(LTSSM_XDATA, 1))[0]
 
     async def power(self, on: bool) -> None:
-        await self.usb.control_out(CONTROL_OUT, 0xF3, int(on), 0, timeout=self.power_timeout)
+        await self.usb.control_out(
+            CONTROL_OUT, VendorRequest.POWER, int(on), 0, timeout=self.power_timeout
+        )
 
     async def bring_up_link(self, *, timeout: float) -> None:
         """Power the PCIe side on if the link is down, then wait for the link to train — all of
@@ -195,21 +207,33 @@ class BridgeClient:
 
     # -- PCIe requests ---------------------------------------------------------------------
 
+    async def _send(
+        self,
+        fmt_type: int,
+        address: int,
+        word: int,
+        enables: int = 0,
+        mode: StreamMode = StreamMode.SINGLE,
+    ) -> None:
+        value, data = pack_tlp(fmt_type, address, word, enables)
+        await self.usb.control_out(
+            CONTROL_OUT, VendorRequest.PCIE, value, mode, data, timeout=self.control_timeout
+        )
+
     async def _request(
-        self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
+        self, fmt_type: int, address: int, word: int, enables: int, awaited: str
     ) -> int:
         """One TLP with a completion: issue, read the completion, retry while the bridge is busy."""
         async with self.completion.hold(awaited):
-            return await self._request_held(fmt_type, byte_enables, address, word, awaited)
+            return await self._request_held(fmt_type, address, word, enables, awaited)
 
     async def _request_held(
-        self, fmt_type: int, byte_enables: int, address: int, word: int, awaited: str
+        self, fmt_type: int, address: int, word: int, enables: int, awaited: str
     ) -> int:
         bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
-        tlp = _tlp(address, word)
         attempts = 0
 
-        async def attempt() -> tuple[int, int, int]:
+        async def attempt() -> PcieCompletion:
             nonlocal attempts
             attempts += 1
             if attempts > self.retries + 1:
@@ -218,99 +242,74 @@ class BridgeClient:
                     awaited=awaited,
                 )
             await bound.run(
-                self.usb.control_out(
-                    CONTROL_OUT,
-                    0xF0,
-                    fmt_type | byte_enables << 8,
-                    0,
-                    tlp,
-                    timeout=self.control_timeout,
-                ),
-                awaited=f"{awaited}: request",
+                self._send(fmt_type, address, word, enables), awaited=f"{awaited}: request"
             )
             raw = await bound.run(
-                self.usb.control_in(CONTROL_IN, 0xF0, 0, 0, 8, timeout=self.control_timeout),
+                self.usb.control_in(
+                    CONTROL_IN,
+                    VendorRequest.PCIE,
+                    0,
+                    0,
+                    COMPLETION_SIZE,
+                    timeout=self.control_timeout,
+                ),
                 awaited=f"{awaited}: completion",
             )
-            data, status_byte, _, _, bridge_status = struct.unpack("<IBBBB", raw)
-            return data, status_byte >> 5, bridge_status
+            return unpack_completion(raw)
 
-        data, status, _ = await wait_until(
+        completion = await wait_until(
             attempt,
-            lambda completion: completion[2] == 0,
+            lambda completion: completion.bridge_status == 0,
             awaited=f"{awaited}: bridge accepts the request",
             within=bound,
             policy=self._retry_policy,
         )
-        if status:
-            name = _COMPLETION_NAMES.get(status, "unknown status")
+        if completion.status:
+            status = completion.status
             raise PcieCompletionError(
-                f"{awaited}: completion status {status} ({name})", status=status, awaited=awaited
+                f"{awaited}: completion status {status} ({completion_name(status)})",
+                status=status,
+                awaited=awaited,
             )
-        return int(data)
-
-    async def _posted(self, fmt_type: int, byte_enables: int, address: int, word: int) -> None:
-        tlp = _tlp(address, word)
-        await self.usb.control_out(
-            CONTROL_OUT, 0xF0, fmt_type | byte_enables << 8, 0, tlp, timeout=self.control_timeout
-        )
+        return int(completion.data)
 
     async def config_read(self, bus: int, device: int, function: int, register: int) -> int:
         """A configuration read of one dword (type 1 past bus 0)."""
         awaited = f"PCIe config read {bus:02x}:{device:02x}.{function} +0x{register:x}"
-        return await self._request(
-            0x04 + (bus > 0), 0xF, _config_address(bus, device, function, register), 0, awaited
-        )
+        address = config_address(bus, device, function, register)
+        return await self._request(TlpType.config(bus, write=False), address, 0, 0xF, awaited)
 
     async def config_write(
         self, bus: int, device: int, function: int, register: int, value: int, size: int = 4
     ) -> None:
         awaited = f"PCIe config write {bus:02x}:{device:02x}.{function} +0x{register:x}"
-        enables = _byte_enables(register, size)
+        enables = byte_enables(register, size)
         shifted = (value << (8 * (register & 3))) & 0xFFFFFFFF
-        await self._request(
-            0x44 + (bus > 0),
-            enables,
-            _config_address(bus, device, function, register),
-            shifted,
-            awaited,
-        )
+        address = config_address(bus, device, function, register)
+        await self._request(TlpType.config(bus, write=True), address, shifted, enables, awaited)
 
     async def mem_read(self, address: int, size: int = 4) -> int:
         """A memory read of 1, 2 or 4 bytes (MMIO)."""
-        enables = _byte_enables(address, size)
-        fmt = _MRD64 if address >> 32 else _MRD32
+        enables = byte_enables(address, size)
+        awaited = f"PCIe memory read 0x{address:x} ({size} bytes)"
         word = await self._request(
-            fmt, enables, address & ~3, 0, f"PCIe memory read 0x{address:x} ({size} bytes)"
+            TlpType.memory(address, write=False), address & ~3, 0, enables, awaited
         )
         return (word >> (8 * (address & 3))) & ((1 << (8 * size)) - 1)
 
     async def mem_write(self, address: int, value: int, size: int = 4) -> None:
         """A posted memory write of 1, 2 or 4 bytes (MMIO)."""
-        enables = _byte_enables(address, size)
-        fmt = _MWR64 if address >> 32 else _MWR32
-        await self._posted(
-            fmt,
-            enables,
-            address & ~3,
-            (value << (8 * (address & 3))) & 0xFFFFFFFF,
-        )
+        enables = byte_enables(address, size)
+        shifted = (value << (8 * (address & 3))) & 0xFFFFFFFF
+        await self._send(TlpType.memory(address, write=True), address & ~3, shifted, enables)
 
     async def write_stream(self, address: int, data: bytes | bytearray | memoryview) -> None:
         """A streaming memory write: the data rides the bulk OUT endpoint."""
         if not data or len(data) % 4 or address & 3:
             raise ValueError("a streaming write moves whole, aligned dwords")
-        fmt = _MWR64 if address >> 32 else _MWR32
-        tlp = _tlp(address, len(data) // 4)
         awaited = f"PCIe streaming write 0x{address:x} ({len(data)} bytes)"
         async with self.out_pipe.hold(awaited):
-            bound = WaitBound(
-                awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout
-            )
-            await bound.run(
-                self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 1, tlp, timeout=self.control_timeout),
-                awaited=f"{awaited}: request",
-            )
+            bound = await self._start_stream(address, len(data), StreamMode.WRITE, awaited)
             await bound.run(
                 self.usb.bulk_out(EP_BULK_OUT, data, timeout=self.bulk_timeout),
                 awaited=f"{awaited}: data",
@@ -320,21 +319,24 @@ class BridgeClient:
         """A streaming memory read: the data comes back on the bulk IN endpoint."""
         if not length or length % 4 or address & 3:
             raise ValueError("a streaming read moves whole, aligned dwords")
-        fmt = _MRD64 if address >> 32 else _MRD32
-        tlp = _tlp(address, length // 4)
         awaited = f"PCIe streaming read 0x{address:x} ({length} bytes)"
         async with self.in_pipe.hold(awaited):
-            bound = WaitBound(
-                awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout
-            )
-            await bound.run(
-                self.usb.control_out(CONTROL_OUT, 0xF0, fmt, 2, tlp, timeout=self.control_timeout),
-                awaited=f"{awaited}: request",
-            )
+            bound = await self._start_stream(address, length, StreamMode.READ, awaited)
             return await bound.run(
                 self.usb.bulk_in(EP_BULK_IN, length, timeout=self.bulk_timeout),
                 awaited=f"{awaited}: data",
             )
+
+    async def _start_stream(
+        self, address: int, length: int, mode: StreamMode, awaited: str
+    ) -> WaitBound:
+        """Send a stream's request (the caller holds its pipe); the stream's bound, for its data."""
+        bound = WaitBound(awaited=awaited, error=PcieRequestTimeout, timeout=self.request_timeout)
+        fmt_type = TlpType.memory(address, write=mode is StreamMode.WRITE)
+        await bound.run(
+            self._send(fmt_type, address, length // 4, mode=mode), awaited=f"{awaited}: request"
+        )
+        return bound
 
     @contextlib.asynccontextmanager
     async def exclusive(self, holder: str) -> AsyncIterator[None]:
@@ -358,18 +360,7 @@ class BridgeClient:
         count = -(-length // SLOT)
         if not (0 <= slot and slot + count <= SRAM_SLOTS):
             raise ValueError(f"{length} bytes at slot {slot} do not fit the 32-slot SRAM")
-        value = length // SECTOR | (0x8000 if read else 0)
+        value, index = pack_arm(read, slot, count, length // SECTOR)
         await self.usb.control_out(
-            CONTROL_OUT, 0xF2, value, slot | count << 8, timeout=self.control_timeout
+            CONTROL_OUT, VendorRequest.ARM_SRAM, value, index, timeout=self.control_timeout
         )
-
-
-def _tlp(address: int, word: int) -> bytes:
-    """The 12-byte data stage of an 0xF0 request: address low, address high, value or count."""
-    return struct.pack("<III", address & 0xFFFFFFFF, address >> 32, word)
-
-
-def _config_address(bus: int, device: int, function: int, register: int) -> int:
-    if not (0 <= bus < 256 and 0 <= device < 32 and 0 <= function < 8 and 0 <= register < 0x1000):
-        raise ValueError(f"no such configuration address {bus}:{device}.{function} +0x{register:x}")
-    return bus << 24 | device << 19 | function << 16 | (register & 0xFFC)

@@ -21,9 +21,10 @@ from typing import Protocol, Unpack
 import anyio
 import numpy as np
 
+from ._bounds import BoundArgs, WaitBound
 from ._clock import validate_timeout
 from ._errors import FirmwareError, FirmwareTimeout, Layer
-from ._waits import DEFAULT_POLICY, BoundArgs, PollPolicy, WaitBound, wait_until
+from ._waits import DEFAULT_POLICY, PollPolicy, wait_until
 
 __all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
 

@@ -27,10 +27,11 @@ import threading
 from collections.abc import Callable, Collection
 from typing import TypeVar, Unpack
 
+from ._bounds import BoundArgs, resolve_bound
 from ._clock import validate_timeout
 from ._completion import Completion
 from ._ownership import LedgerKind, current_ledger
-from ._waits import BoundArgs, resolve_bound, wait_complete
+from ._waits import wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 

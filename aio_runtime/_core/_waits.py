@@ -38,15 +38,16 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Required, TypedDict, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 import anyio
 import anyio.lowlevel
 import numpy as np
 
-from ._clock import Deadline, current_deadline, now, validate_timeout
+from ._bounds import BoundArgs, WaitBound, resolve_bound
+from ._clock import now, validate_timeout
 from ._completion import Completion, Waitable
-from ._errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
+from ._errors import BudgetExhausted, HardwareTimeout
 
 if TYPE_CHECKING:
     from ._watcher import MemoryWatcher
@@ -54,9 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_POLICY",
     "PollPolicy",
-    "BoundArgs",
     "ProbeArgs",
-    "WaitBound",
     "drain",
     "pause",
     "wait_complete",
@@ -123,129 +122,6 @@ class _NotObserved:
 
 
 _NOT_OBSERVED: Any = _NotObserved()
-
-
-class WaitBound:
-    """The bound of one wait, or of a sequence of steps: its own timeout and the enclosing deadline
-    scope, whichever comes first, and the error to raise when it is reached.
-
-    Created when the wait (or the sequence) starts; it is refused at once
-    (:class:`~aio_runtime.UnboundedWaitError`) with neither a timeout nor a scope. Each step
-    of a sequence runs under it — a wait with ``within=bound``, anything else with :meth:`run` —
-    and a timeout reports the step in progress, with the sequence's timeout and elapsed time.
-    """
-
-    def __init__(
-        self,
-        *,
-        awaited: str,
-        error: type[HardwareTimeout],
-        timeout: float | None,
-        layer: Layer | None = None,
-    ) -> None:
-        own = validate_timeout(timeout)
-        scope = current_deadline()
-        if own is None and scope is None:
-            raise UnboundedWaitError(
-                f"refusing to wait for {awaited} without a bound: pass timeout=<seconds> or run "
-                "inside aio_runtime.deadline_scope() (a caller's own anyio/asyncio timeout is not "
-                "a bound the runtime can report as a typed hardware timeout)"
-            )
-        self.awaited = awaited
-        self.error = error
-        self.layer = layer if layer is not None else error.default_layer
-        self.started = now()
-        self.timeout = own
-        self.scope: Deadline | None = scope
-        self._own_at = math.inf if own is None else self.started + own
-        self._step: tuple[str, object, object] = (awaited, None, None)
-
-    def note(self, awaited: str, expected: object = None, observed: object = None) -> None:
-        """Record the step in progress: a timeout reports what was awaited and last observed then."""
-        self._step = (awaited, expected, observed)
-
-    def step_done(self, value: T) -> T:
-        """A step finished: a timeout from here on describes the bound itself again."""
-        self._step = (self.awaited, None, None)
-        return value
-
-    async def run(self, step: Awaitable[T], *, awaited: str) -> T:
-        """Await a step that is not itself a wait (take a lock, write a register) under the bound."""
-        self.note(awaited)
-        with anyio.CancelScope(deadline=self.at):
-            return self.step_done(await step)
-        raise self.timed_out()
-
-    @property
-    def at(self) -> float:
-        """The absolute deadline on the loop clock."""
-        return min(self._own_at, math.inf if self.scope is None else self.scope.at)
-
-    def remaining(self) -> float:
-        return max(0.0, self.at - now())
-
-    def progress(self, when: float) -> None:
-        """Restart the own timer from ``when`` (inactivity timeouts); the scope never moves."""
-        if self.timeout is not None:
-            self._own_at = when + self.timeout
-
-    def timed_out(self) -> HardwareTimeout | BudgetExhausted:
-        """The error for reaching this bound now — the scope's if it was the earlier bound —
-        describing the step in progress (see :meth:`note`)."""
-        t = now()
-        what, expected, observed = self._step
-        if self.scope is not None and self.scope.at <= self._own_at:
-            return BudgetExhausted(
-                budget=self.scope.name,
-                awaited=what,
-                timeout=self.scope.budget,
-                elapsed=t - self.scope.started,
-                layer=self.layer,
-                expected=expected,
-                observed=observed,
-            )
-        assert self.timeout is not None
-        return self.error(
-            awaited=what,
-            timeout=self.timeout,
-            elapsed=t - self.started,
-            layer=self.layer,
-            expected=expected,
-            observed=observed,
-        )
-
-
-class BoundArgs(TypedDict, total=False):
-    """The keywords that bound a wait (:func:`wait_complete`, :func:`wait_until`,
-    :func:`~aio_runtime.wait_register`, :func:`~aio_runtime.run_in_thread`): ``awaited``, what the
-    wait is for, and either its own bound — ``error`` (the :class:`~aio_runtime.HardwareTimeout`
-    subclass it raises), ``timeout`` and ``layer`` (by default the error's), as :class:`WaitBound`
-    takes them — or ``within``, a bound it shares with the other steps of a sequence."""
-
-    awaited: Required[str]
-    error: type[HardwareTimeout] | None
-    timeout: float | None
-    layer: Layer | None
-    within: WaitBound | None
-
-
-def resolve_bound(
-    *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
-) -> WaitBound:
-    """The bound a wait runs under, from its :class:`BoundArgs`: the shared one it was given
-    (``within=``), or its own, made now."""
-    if within is not None:
-        if timeout is not None:
-            raise TypeError("pass either timeout= or within=, not both")
-        return within
-    if error is None:
-        raise TypeError("error= (a HardwareTimeout subclass) is required without within=")
-    return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)
 
 
 def _already_done(completion: Waitable[Any]) -> bool:

@@ -11,8 +11,8 @@ import pytest
 from gpu_sim import ADD_ONE, FAST, device
 
 from aio_runtime import Layer, Ledger, UsbTransferTimeout, use_ledger
-from transports.copy import CHUNK
 from transports.gpu import GpuSession
+from transports.gpu.copy import CHUNK
 from transports.sim import Fault, FaultRule
 from transports.sim.server import SimServer
 from transports.sim.umockdev import EmulatedBridge

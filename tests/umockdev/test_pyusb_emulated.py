@@ -11,8 +11,8 @@ import pytest
 
 from aio_runtime import DeviceLost, Layer, Ledger, UsbTransferTimeout, use_ledger
 from transports.bridge import BridgeClient
+from transports.protocol.bridge import CQ_RELEASE_PCIE, FENCE_XDATA
 from transports.sim import Fault, FaultRule, SimBridge
-from transports.sim.bridge import CQ_RELEASE_PCIE, FENCE_XDATA
 from transports.sim.server import SimServer
 from transports.sim.umockdev import EmulatedBridge
 from transports.usb import CONTROL_IN, CONTROL_OUT

@@ -2,8 +2,9 @@
 
 from ..errors import GpuFault
 from .boot import BLOCKS
+from .config import SessionConfig
 from .deps import DependencyFailed, DependencyTracker
-from .session import Buffer, GpuSession, HostMapping, SessionConfig
+from .session import Buffer, GpuSession, HostMapping
 
 __all__ = [
     "BLOCKS",

@@ -1,34 +1,71 @@
 """Booting the GPU: the blocks in the order SOC, GMC, IH, PSP, SMU, GFX, SDMA (spec §5.4), a full
 boot or a partial one as the scratch registers say, PSP and SMU through bounded mailboxes.
 
+:func:`boot` brings the PCIe link up (bounded), checks the GPU answers, boots it — marking
+readiness layers as stages complete — and returns the :class:`BootedDevice` a session takes over.
+
 Partial boot when SCRATCH_REG7 holds this driver's version stamp, SCRATCH_REG6 is 0 (the previous
-session ended cleanly) and the VM protection-fault status is clear; otherwise full. A full boot on
-a GPU whose firmware already runs (PSP sOS alive and the SMU answering) first mode-1 resets it.
+session ended cleanly) and the VM protection-fault status is clear; otherwise full (and always
+full on a device in its error state). A full boot on a GPU whose firmware already runs (PSP sOS
+alive and the SMU answering) first mode-1 resets it.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aio_runtime import (
+    DeviceLost,
     FirmwareError,
     FirmwareTimeout,
     Layer,
     Mailbox,
     MailboxLayout,
     PollPolicy,
+    RangeAllocator,
+    Readiness,
+    ReadinessLayer,
+    get_logger,
+    pause,
     wait_until,
 )
 
-from .. import hwdefs as hw
 from ..bridge import BridgeClient
+from ..protocol import gpu as hw
+from ..protocol.bridge import EP_BULK_OUT, SRAM_PCIE
+from .config import (
+    COMPUTE_RING,
+    HEAP_OFFSET,
+    PSP_COMMANDS,
+    PSP_FENCE,
+    PSP_RING,
+    RING_SIZE,
+    SDMA_RING,
+    SessionConfig,
+)
+from .copy import CopyProtocol
+from .queues import Ring
 
-__all__ = ["BLOCKS", "BootLog", "BridgeRegisters", "Psp", "boot_mode"]
+__all__ = [
+    "BLOCKS",
+    "BootLog",
+    "BootMode",
+    "BootedDevice",
+    "BridgeRegisters",
+    "Psp",
+    "boot",
+    "boot_mode",
+    "scan_interrupts",
+    "smu_mailbox",
+]
 
 BLOCKS = ("SOC", "GMC", "IH", "PSP", "SMU", "GFX", "SDMA")
 _FIRMWARE_POLICY = PollPolicy(spin=0, first_interval=0.0005, max_interval=0.01)
+_log = get_logger(__name__)
 
 
 class BridgeRegisters:
@@ -45,19 +82,42 @@ class BridgeRegisters:
         await self.bridge.mem_write(hw.MMIO_BASE + 4 * index, value)
 
 
+class BootMode(enum.StrEnum):
+    FULL = "full"
+    """Firmware loaded, every block programmed."""
+    PARTIAL = "partial"
+    """The firmware of the previous, cleanly ended session still runs: queues reset only."""
+
+
 @dataclass
 class BootLog:
     """What a boot did, in order: for the caller's logs and for tests."""
 
-    mode: str = ""
+    mode: BootMode = BootMode.FULL
     steps: list[str] = field(default_factory=list)
 
+    def step(self, block: str, what: str) -> None:
+        self.steps.append(f"{block}: {what}")
 
-async def boot_mode(regs: BridgeRegisters) -> str:
+
+async def boot_mode(regs: BridgeRegisters) -> BootMode:
     stamp = await regs.read(hw.SCRATCH_REG7 // 4)
     in_use = await regs.read(hw.SCRATCH_REG6 // 4)
     fault = await regs.read(hw.VM_FAULT_STATUS // 4)
-    return "partial" if stamp == hw.AM_VERSION and in_use == 0 and fault == 0 else "full"
+    clean = stamp == hw.AM_VERSION and in_use == 0 and fault == 0
+    return BootMode.PARTIAL if clean else BootMode.FULL
+
+
+async def scan_interrupts(regs: BridgeRegisters) -> list[int]:
+    """The interrupt sources since the last scan (the ring keeps the last 64); acknowledged."""
+    wptr = await regs.read(hw.IH_WPTR // 4)
+    rptr = await regs.read(hw.IH_RPTR // 4)
+    sources = [
+        await regs.read((hw.IH_ENTRY + 4 * (i % hw.IH_ENTRIES)) // 4)
+        for i in range(max(rptr, wptr - hw.IH_ENTRIES), wptr)
+    ]
+    await regs.write(hw.IH_RPTR // 4, wptr)
+    return sources
 
 
 def smu_mailbox(regs: BridgeRegisters, timeout: float) -> Mailbox:
@@ -169,3 +229,152 @@ class Psp:
                 awaited=f"PSP response to {what}",
             )
         log.steps.append(f"PSP {what}")
+
+
+@dataclass
+class BootedDevice:
+    """A GPU that has booted, as a session takes it over: its registers, its status page (the
+    compute timeline, the error word, ``usb_go``), the VRAM heap, the compute queue, the copy
+    protocol on the copy queue, and what the boot did."""
+
+    regs: BridgeRegisters
+    status: int
+    heap: RangeAllocator
+    compute: Ring
+    copy: CopyProtocol
+    log: BootLog
+
+
+async def boot(bridge: BridgeClient, config: SessionConfig, readiness: Readiness) -> BootedDevice:
+    """Boot the GPU behind ``bridge``, every wait bounded by ``config``; ``readiness`` gets
+    ``DEVICE_ONLINE``, ``FIRMWARE_READY`` and ``QUEUE_SUBMITTABLE`` as the stages complete."""
+    regs, log = BridgeRegisters(bridge), BootLog()
+    await bridge.bring_up_link(timeout=config.link_timeout)
+    ident = await bridge.config_read(hw.GPU_BUS, hw.GPU_DEVICE, hw.GPU_FUNCTION, 0)
+    if ident != hw.GPU_ID:
+        raise DeviceLost(
+            f"no GPU behind the bridge (config id 0x{ident:08x}, expected 0x{hw.GPU_ID:08x})",
+            layer=Layer.PCIE_REQUEST,
+        )
+    vram = (await regs.read(hw.VRAM_SIZE_MB // 4)) << 20  # discovery
+    status = hw.VRAM_BASE + vram - hw.STATUS_PAGE_SIZE
+    error = await bridge.mem_read(status + hw.STATUS_ERROR)
+    log.mode = BootMode.FULL if error else await boot_mode(regs)  # an error state: boot afresh
+    log.step("SOC", f"GPU 0x{ident:08x}, {log.mode} boot")
+    readiness.mark_up(ReadinessLayer.DEVICE_ONLINE)
+    log.step("readiness", "device_online")
+
+    heap = RangeAllocator(
+        vram - HEAP_OFFSET - hw.STATUS_PAGE_SIZE, base=hw.VRAM_BASE + HEAP_OFFSET, name="VRAM heap"
+    )
+    await bridge.write_stream(status, bytes(16))
+    log.step("GMC", f"{vram >> 20} MiB VRAM, heap {heap.capacity >> 20} MiB")
+
+    await scan_interrupts(regs)
+    await regs.write(hw.IH_CNTL // 4, 2)
+    log.step("IH", "ring acknowledged, error state clear")
+
+    smu = smu_mailbox(regs, config.firmware_timeout)
+    if log.mode is BootMode.FULL:
+        await _full_boot(bridge, regs, smu, config, log)
+    else:
+        await _partial_boot(smu, log)
+    readiness.mark_up(ReadinessLayer.FIRMWARE_READY)
+    log.step("readiness", "firmware_ready")
+
+    compute = Ring(
+        bridge,
+        hw.COMPUTE,
+        hw.VRAM_BASE + COMPUTE_RING,
+        config.compute_ring_size,
+        "compute",
+        timeout=config.kernel_timeout,
+    )
+    await compute.setup()
+    log.step("GFX", "compute queue " + ("programmed" if log.mode is BootMode.FULL else "reset"))
+
+    copy_ring = Ring(bridge, hw.SDMA, hw.VRAM_BASE + SDMA_RING, RING_SIZE, "copy")
+    await copy_ring.setup()
+    await regs.write(hw.SDMA_WATCHDOG // 4, config.copy_watchdog_ms)
+    copy = CopyProtocol(
+        bridge,
+        copy_ring,
+        usb_go=status + hw.STATUS_USB_GO,
+        status=status,
+        bulk_timeout=config.bulk_timeout,
+        fence_timeout=config.fence_timeout,
+    )
+    await copy.restore()
+    log.step("SDMA", "copy queue programmed")
+
+    await regs.write(hw.SCRATCH_REG7 // 4, hw.AM_VERSION)
+    await regs.write(hw.SCRATCH_REG6 // 4, 1)
+    readiness.mark_up(ReadinessLayer.QUEUE_SUBMITTABLE)
+    log.step("readiness", "queue_submittable")
+    _log.info("gpu booted", mode=log.mode, steps=len(log.steps))
+    return BootedDevice(regs, status, heap, compute, copy, log)
+
+
+async def _full_boot(
+    bridge: BridgeClient,
+    regs: BridgeRegisters,
+    smu: Mailbox,
+    config: SessionConfig,
+    log: BootLog,
+) -> None:
+    """PSP and SMU from scratch: a mode-1 reset first if firmware runs, the sOS (unless it runs),
+    the PSP ring, the firmware of every block, then the SMU's driver table and features."""
+    psp = Psp(
+        bridge,
+        regs,
+        ring=hw.VRAM_BASE + PSP_RING,
+        commands=hw.VRAM_BASE + PSP_COMMANDS,
+        fence=hw.VRAM_BASE + PSP_FENCE,
+        timeout=config.firmware_timeout,
+        stage_image=functools.partial(_stage_image, bridge, config.bulk_timeout),
+    )
+    if await psp.sos_alive() and await _smu_answers(smu, config.smu_probe_timeout):
+        await regs.write(hw.SMU_MSG // 4, hw.SmuMessage.MODE1_RESET)
+        await pause(config.mode1_reset_pause)
+        log.step("SOC", "mode-1 reset (firmware was running)")
+    if await psp.sos_alive():
+        log.step("PSP", "sOS already running")
+    else:
+        await psp.load_sos(log)
+    await psp.create_ring(log)
+    await psp.submit(hw.PspCommand.LOAD_TOC, 0, log)
+    await psp.submit(hw.PspCommand.SETUP_TMR, 0, log)
+    for firmware in hw.Firmware:
+        await psp.submit(hw.PspCommand.LOAD_IP_FW, firmware, log)
+    log.step("PSP", "firmware loaded")
+    table = hw.VRAM_BASE + PSP_FENCE + 0x1000
+    await smu.send(hw.SmuMessage.DRIVER_TABLE_HIGH, table >> 32)
+    await smu.send(hw.SmuMessage.DRIVER_TABLE_LOW, table & 0xFFFF_FFFF)
+    await smu.send(hw.SmuMessage.ENABLE_ALL_FEATURES)
+    log.step("SMU", "features enabled")
+
+
+async def _partial_boot(smu: Mailbox, log: BootLog) -> None:
+    """The firmware still runs: check the SMU answers."""
+    log.step("PSP", "sOS running (partial boot)")
+    await smu.send(hw.SmuMessage.TEST)
+    log.step("SMU", "answering (partial boot)")
+
+
+async def _smu_answers(smu: Mailbox, timeout: float) -> bool:
+    try:
+        await smu.send(hw.SmuMessage.TEST, timeout=timeout)
+    except FirmwareTimeout:
+        smu.reset()  # no SMU firmware runs: nothing will answer the probe later either
+        return False
+    return True
+
+
+async def _stage_image(bridge: BridgeClient, timeout: float, component: int) -> int:
+    """A firmware component's image, staged in bridge SRAM for the PSP bootloader."""
+    image = bytearray(0x4000)
+    image[:4] = component.to_bytes(4, "little")
+    async with bridge.out_pipe.hold("a firmware image"):
+        await bridge.arm_sram(read=False, slot=0, length=len(image))
+        await bridge.usb.bulk_out(EP_BULK_OUT, image, timeout=timeout)
+    return SRAM_PCIE

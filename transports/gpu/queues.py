@@ -2,7 +2,7 @@
 
 A :class:`Ring` lives in VRAM; :meth:`Ring.submit` writes packets at the write pointer with one
 streaming write (two where they wrap) and rings the doorbell — the write-pointer register — with a
-posted write. Packet formats: :mod:`transports.hwdefs`.
+posted write. Packet formats: :mod:`transports.protocol.gpu`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ import struct
 
 from aio_runtime import Layer, SignalTimeout, wait_until
 
-from .. import hwdefs as hw
 from ..bridge import BridgeClient
+from ..protocol import gpu as hw
 
 __all__ = ["Packets", "Ring"]
+
+
+_WORDS = [struct.Struct(f"<{count}I") for count in range(7)]
+"""Packers of a packet's little-endian dwords, by count (a copy builds four packets per chunk; a
+dispatch with many arguments has a packer made for it)."""
 
 
 class Packets:
@@ -26,7 +31,9 @@ class Packets:
         self.data = bytearray()
 
     def _put(self, *words: int) -> Packets:
-        self.data += struct.pack(f"<{len(words)}I", *words)
+        count = len(words)
+        packer = _WORDS[count] if count < len(_WORDS) else struct.Struct(f"<{count}I")
+        self.data += packer.pack(*words)
         return self
 
     def poll(self, address: int, value: int, *, equal: bool, mask: int = 0xFFFF_FFFF) -> Packets:

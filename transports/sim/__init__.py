@@ -3,5 +3,6 @@
 from .bridge import SimBridge
 from .faults import Fault, FaultPlan, FaultRule
 from .urb import SimUrb, UrbStatus
+from .usb import SimUsbTransport
 
-__all__ = ["Fault", "FaultPlan", "FaultRule", "SimBridge", "SimUrb", "UrbStatus"]
+__all__ = ["Fault", "FaultPlan", "FaultRule", "SimBridge", "SimUrb", "SimUsbTransport", "UrbStatus"]

@@ -1,5 +1,5 @@
 """The simulated GPU's queues: the copy engine (SDMA) and the compute queue, each a ring of packets
-(:mod:`transports.hwdefs`) that the engine executes in order. A packet that addresses memory
+(:mod:`transports.protocol.gpu`) that the engine executes in order. A packet that addresses memory
 nothing claims raises a UTCL2 fault interrupt and halts the queue, as a GPU's page fault does.
 
 An engine wakes when its doorbell (write pointer) is written and, while a POLL/WAIT packet is
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .. import hwdefs as hw
-from ..hwdefs import CQ_PCIE, CQ_SIZE, SRAM_PCIE, SRAM_SIZE
+from ..protocol import gpu as hw
+from ..protocol.bridge import CQ_PCIE, CQ_SIZE, SRAM_PCIE, SRAM_SIZE
 from .faults import Fault
 
 if TYPE_CHECKING:

@@ -92,18 +92,27 @@ class FaultRule:
                     f"'window' must be (start, end) with 0 <= start < end, got {self.window}"
                 )
         self.params = MappingProxyType(dict(self.params))
-        self._base_occurrence = 0
-        self._base_time = 0.0
 
-    def _added(self, occurrences: int, time: float) -> None:
-        self._base_occurrence, self._base_time = occurrences, time
-
-    def matches(self, occurrence: int, time: float) -> bool:
+    def matches(self, occurrence: int, elapsed: float) -> bool:
+        """Whether the rule fires at the ``occurrence``-th check (1-based) and ``elapsed``
+        seconds, both counted from when it was added to a plan."""
         if self.at is not None:
-            relative = occurrence - self._base_occurrence
-            return self.at <= relative < self.at + self.count
+            return self.at <= occurrence < self.at + self.count
         assert self.window is not None
-        return self.window[0] <= time - self._base_time < self.window[1]
+        return self.window[0] <= elapsed < self.window[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Added:
+    """A rule as a plan holds it: with the occurrence count and the time it was added at, which
+    its occurrences and its window count from (the rule itself is left as it was)."""
+
+    rule: FaultRule
+    occurrences: int
+    time: float
+
+    def fires(self, occurrence: int, time: float) -> bool:
+        return self.rule.matches(occurrence - self.occurrences, time - self.time)
 
 
 @dataclass(frozen=True)
@@ -122,7 +131,7 @@ class FaultPlan:
     def __init__(self, rules: Iterable[FaultRule] = ()) -> None:
         self._clock = loop_clock()
         self.started = self._clock()
-        self._rules: dict[Fault, list[FaultRule]] = {}
+        self._rules: dict[Fault, list[_Added]] = {}
         self._occurrences: dict[Fault, int] = {}
         self.fired: list[Firing] = []
         for rule in rules:
@@ -130,8 +139,8 @@ class FaultPlan:
 
     def add(self, rule: FaultRule) -> FaultRule:
         """Add a rule; its occurrences and its window count from now."""
-        rule._added(self._occurrences.get(rule.fault, 0), self._clock())
-        self._rules.setdefault(rule.fault, []).append(rule)
+        added = _Added(rule, self._occurrences.get(rule.fault, 0), self._clock())
+        self._rules.setdefault(rule.fault, []).append(added)
         return rule
 
     def clear(self, fault: Fault | None = None) -> None:
@@ -153,10 +162,10 @@ class FaultPlan:
         if not rules:
             return None
         t = self._clock()
-        for rule in rules:
-            if rule.matches(occurrence, t):
-                self.fired.append(Firing(fault, occurrence, t - self.started, rule))
-                return rule
+        for added in rules:
+            if added.fires(occurrence, t):
+                self.fired.append(Firing(fault, occurrence, t - self.started, added.rule))
+                return added.rule
         return None
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import hwdefs as hw
+from ..protocol import gpu as hw
 from .faults import Fault
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The simulated GPU behind the bridge: VRAM, MMIO registers, the copy engine and compute queue,
-the interrupt ring and error state, SMU and PSP firmware (layout: :mod:`transports.hwdefs`).
+the interrupt ring and error state, SMU and PSP firmware (layout: :mod:`transports.protocol.gpu`).
 
-It is the bridge's :class:`~transports.sim.bridge.PcieTarget` (config space of bus 4 device 0,
+It is the bridge's :class:`~transports.sim.pcie.PcieTarget` (config space of bus 4 device 0,
 MMIO, VRAM) and reaches bridge memory through the bridge's DMA side. PCIe power off (0xF3) takes it
 down: registers, firmware and queues reset, VRAM lost — the next session must boot it fully.
 """
@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 import numpy as np
 
-from .. import hwdefs as hw
+from ..protocol import gpu as hw
 from .bridge import SimBridge
 from .engines import ComputeQueue, CopyEngine, Kernel, QueueEngine
 from .faults import Fault, FaultPlan

@@ -21,7 +21,7 @@ from aio_runtime import get_logger
 
 __all__ = ["SimServer"]
 
-_log = get_logger("transports.sim")
+_log = get_logger(__name__)
 
 D = TypeVar("D")
 T = TypeVar("T")

@@ -18,6 +18,9 @@ __all__ = ["SimUrb", "UrbStatus"]
 
 
 class UrbStatus(enum.Enum):
+    # Members are singletons: hash by identity (C-level), not by name (every transfer maps one).
+    __hash__ = object.__hash__
+
     COMPLETED = "completed"
     STALL = "stall"
     """The device refused the request (malformed, or not what the protocol expects now)."""

@@ -10,29 +10,43 @@ every later call fails the same way until the device is opened again.
 
 Each call owns its buffer until it returns, and returns only once the device (or the library) has
 let go of it.
+
+Every backend translates its library's status into a :class:`TransferOutcome`, and
+:func:`outcome_result` maps that onto the typed family, the same for all. What else the backends
+share is :class:`~transports.usb.backend.TransportBase`.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-import anyio
-
-from aio_runtime import Completion, Layer, TransferError, WaitBound, wait_complete
+from aio_runtime import (
+    Completion,
+    DeviceLost,
+    Layer,
+    TransferError,
+    WaitBound,
+    drain,
+    wait_complete,
+)
 
 __all__ = [
     "CONTROL_IN",
     "CONTROL_OUT",
     "ShortTransfer",
+    "TransferOutcome",
     "UsbStall",
     "UsbTransfer",
     "UsbTransport",
     "describe_bulk",
     "describe_control",
     "library_timeout_ms",
+    "outcome_result",
     "require_length",
+    "transfer_error",
 ]
 
 T = TypeVar("T")
@@ -64,13 +78,9 @@ def library_timeout_ms(remaining: float) -> int:
 class UsbStall(TransferError):
     """The device stalled the endpoint: it refused the request."""
 
-    default_layer = Layer.USB_TRANSFER
-
 
 class ShortTransfer(TransferError):
     """A transfer moved fewer bytes than the protocol requires."""
-
-    default_layer = Layer.USB_TRANSFER
 
     def __init__(self, message: str, *, expected: int, actual: int, awaited: str = "") -> None:
         super().__init__(message, awaited=awaited)
@@ -88,6 +98,56 @@ def require_length(awaited: str, actual: int, expected: int) -> None:
             actual=actual,
             awaited=awaited,
         )
+
+
+class TransferOutcome(enum.Enum):
+    """How a transfer ended, in every backend's terms: each translates its library's status into
+    one of these, and :func:`outcome_result` maps it onto the typed family."""
+
+    COMPLETED = "completed"
+    TIMED_OUT = "timed out"
+    """The library's own timeout: the wait's bound (:meth:`aio_runtime.WaitBound.timed_out`)."""
+    STALL = "stall"
+    NO_DEVICE = "no device"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    """Anything else; the detail says what."""
+
+
+def transfer_error(outcome: TransferOutcome, bound: WaitBound, detail: str = "") -> Exception:
+    """The typed error of a transfer that did not complete (``bound`` names it and says which
+    bound a timeout was: :class:`aio_runtime.UsbTransferTimeout` or, when an enclosing scope was
+    the earlier one, :class:`aio_runtime.BudgetExhausted`). ``detail`` is what the library said;
+    for ``ERROR`` it is the whole description."""
+    awaited = bound.awaited
+    if outcome is TransferOutcome.TIMED_OUT:
+        return bound.timed_out()
+    if outcome is TransferOutcome.NO_DEVICE:
+        return DeviceLost(f"{awaited}: no device", layer=Layer.USB_TRANSFER, awaited=awaited)
+    said = f" ({detail})" if detail else ""
+    if outcome is TransferOutcome.STALL:
+        return UsbStall(f"{awaited}: stall{said}", awaited=awaited)
+    text = f"cancelled{said}" if outcome is TransferOutcome.CANCELLED else detail or "error"
+    return TransferError(f"{awaited}: {text}", awaited=awaited, layer=Layer.USB_TRANSFER)
+
+
+def outcome_result(
+    outcome: TransferOutcome,
+    actual: int,
+    data: bytes,
+    *,
+    exact: int,
+    is_in: bool,
+    bound: WaitBound,
+    detail: str = "",
+) -> bytes | None:
+    """A finished transfer's result — IN data, or None — or its typed error
+    (:func:`transfer_error`). A completed transfer must move exactly ``exact`` bytes, else
+    :class:`ShortTransfer`."""
+    if outcome is TransferOutcome.COMPLETED:
+        require_length(bound.awaited, actual, exact)
+        return data if is_in else None
+    raise transfer_error(outcome, bound, detail)
 
 
 class UsbTransfer(Generic[T]):
@@ -133,14 +193,7 @@ class UsbTransfer(Generic[T]):
     async def cancel(self) -> None:
         """Cancel the transfer (if still in flight) and await its completion, shielded and
         bounded by ``drain_timeout``; its outcome is dropped."""
-        if self.done():
-            return
-        try:
-            self._cancel()
-        except Exception:  # it finished meanwhile, or the device is gone
-            pass
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._drain_timeout):
-            await self._completion.wait()
+        await drain(self._completion, self._cancel, limit=self._drain_timeout)
 
 
 class UsbTransport(Protocol):

@@ -11,10 +11,10 @@ never 0 (which libusb reads as "no timeout"). When the wait ends first (its boun
 cancelled) the transfer is cancelled and its callback awaited — shielded, for at most
 ``drain_timeout`` — before the error propagates: libusb owns the buffer until that callback.
 Outcomes map onto the typed family: timed out → :class:`aio_runtime.UsbTransferTimeout` (or
-:class:`aio_runtime.BudgetExhausted`), stall → :class:`UsbStall`, no device →
+:class:`aio_runtime.BudgetExhausted`), stall → :class:`~transports.usb.UsbStall`, no device →
 :class:`aio_runtime.DeviceLost` (and the transport stays dead), fewer bytes than asked →
-:class:`ShortTransfer`, anything else → :class:`aio_runtime.TransferError`. Every transfer is in the
-current ledger ("usb transfer") from submit to callback.
+:class:`~transports.usb.ShortTransfer`, anything else → :class:`aio_runtime.TransferError`.
+Every transfer is in the current ledger ("usb transfer") from submit to callback.
 
 :func:`open_bridge` finds and opens the USB-PCIe bridge (spec hardware-waits §4.2).
 
@@ -25,7 +25,7 @@ umockdev's fd). On trio use :class:`~transports.usb.pyusb_backend.PyusbTransport
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -35,6 +35,7 @@ from aio_runtime import (
     Completion,
     DeviceLost,
     Layer,
+    LedgerKind,
     TransferError,
     UsbTransferTimeout,
     WaitBound,
@@ -44,63 +45,56 @@ from aio_runtime import (
     run_in_thread,
 )
 
+from ..protocol.bridge import BRIDGE_IDS, BRIDGE_PRODUCTS
+from .backend import Payload, Setup, TransportBase
 from .base import (
+    TransferOutcome,
     UsbStall,
     UsbTransfer,
-    describe_bulk,
-    describe_control,
     library_timeout_ms,
-    require_length,
+    outcome_result,
 )
+from .discovery import BridgeSearch
 from .libusb_loop import LibusbContext
 
-__all__ = [
-    "BRIDGE_IDS",
-    "BRIDGE_PRODUCTS",
-    "LibusbContext",
-    "LibusbTransport",
-    "open_bridge",
-    "transfer_outcome",
-]
-
-BRIDGE_IDS = ((0xADD1, 0x0001), (0x3801, 0x0001))
-"""vendor:product of the USB-PCIe bridge."""
-BRIDGE_PRODUCTS = ("custom", "AS2462")
-"""What the bridge's product string starts with."""
+__all__ = ["LibusbContext", "LibusbTransport", "libusb_outcome", "open_bridge", "transfer_outcome"]
 
 _log = get_logger(__name__)
 _Raw = tuple[int, int, bytes]
 """What a transfer's callback hands to the waiting task: status, actual length, IN data."""
 
 
-_STATUS_NAMES = {
-    usb1.TRANSFER_ERROR: "transfer error",
-    usb1.TRANSFER_CANCELLED: "cancelled",
-    usb1.TRANSFER_OVERFLOW: "overflow (the device sent more than was asked for)",
+_OUTCOMES: dict[int, tuple[TransferOutcome, str]] = {
+    usb1.TRANSFER_COMPLETED: (TransferOutcome.COMPLETED, ""),
+    usb1.TRANSFER_TIMED_OUT: (TransferOutcome.TIMED_OUT, ""),
+    usb1.TRANSFER_STALL: (TransferOutcome.STALL, ""),
+    usb1.TRANSFER_NO_DEVICE: (TransferOutcome.NO_DEVICE, ""),
+    usb1.TRANSFER_CANCELLED: (TransferOutcome.CANCELLED, ""),
+    usb1.TRANSFER_ERROR: (TransferOutcome.ERROR, "transfer error"),
+    usb1.TRANSFER_OVERFLOW: (
+        TransferOutcome.ERROR,
+        "overflow (the device sent more than was asked for)",
+    ),
 }
+
+
+def libusb_outcome(status: int) -> tuple[TransferOutcome, str]:
+    """A libusb transfer status as a :class:`~transports.usb.base.TransferOutcome`, with what
+    libusb said."""
+    return _OUTCOMES.get(status, (TransferOutcome.ERROR, f"libusb status {status}"))
 
 
 def transfer_outcome(
     status: int, actual: int, data: bytes, *, exact: int, is_in: bool, bound: WaitBound
 ) -> bytes | None:
-    """A finished libusb transfer's result (IN data, or None) or its typed error.
-
-    A transfer must move exactly ``exact`` bytes; libusb's own timeout is reported as the wait's
-    (``bound.timed_out()``: a :class:`~aio_runtime.UsbTransferTimeout` or, when the enclosing
-    scope was the earlier bound, :class:`~aio_runtime.BudgetExhausted`).
-    """
-    awaited = bound.awaited
-    if status == usb1.TRANSFER_COMPLETED:
-        require_length(awaited, actual, exact)
-        return data if is_in else None
-    if status == usb1.TRANSFER_TIMED_OUT:
-        raise bound.timed_out()
-    if status == usb1.TRANSFER_STALL:
-        raise UsbStall(f"{awaited}: stall", awaited=awaited)
-    if status == usb1.TRANSFER_NO_DEVICE:
-        raise DeviceLost(f"{awaited}: no device", layer=Layer.USB_TRANSFER, awaited=awaited)
-    name = _STATUS_NAMES.get(status, f"libusb status {status}")
-    raise TransferError(f"{awaited}: {name}", awaited=awaited, layer=Layer.USB_TRANSFER)
+    """A finished libusb transfer's result (IN data, or None) or its typed error
+    (:func:`~transports.usb.base.outcome_result`): libusb's own timeout is reported as the
+    wait's (``bound.timed_out()``: a :class:`~aio_runtime.UsbTransferTimeout` or, when the
+    enclosing scope was the earlier bound, :class:`~aio_runtime.BudgetExhausted`)."""
+    outcome, detail = libusb_outcome(status)
+    return outcome_result(
+        outcome, actual, data, exact=exact, is_in=is_in, bound=bound, detail=detail
+    )
 
 
 _SUBMIT_ERRORS: dict[type[Exception], type[DeviceLost] | type[TransferError]] = {
@@ -110,10 +104,11 @@ _SUBMIT_ERRORS: dict[type[Exception], type[DeviceLost] | type[TransferError]] = 
 }
 
 
-class LibusbTransport:
+class LibusbTransport(TransportBase):
     """A :class:`~transports.usb.UsbTransport` over one opened libusb device handle, whose
-    interface ``interface`` is claimed. :meth:`aclose` cancels what is in flight, releases the
-    interface and closes the handle."""
+    interface ``interface`` is claimed. A bulk OUT's buffer, when writable (a bytearray), is sent
+    in place, without a copy. :meth:`aclose` cancels what is in flight, releases the interface and
+    closes the handle."""
 
     def __init__(
         self,
@@ -123,35 +118,17 @@ class LibusbTransport:
         interface: int = 0,
         drain_timeout: float = 1.0,
     ) -> None:
+        super().__init__(drain_timeout=drain_timeout)
         self.context = context
         self.handle = handle
         self.interface = interface
-        self.drain_timeout = drain_timeout
         self._in_flight: dict[usb1.USBTransfer, Completion[_Raw]] = {}
-        self._closed = False
-        self._lost = False
-
-    def _check_open(self, awaited: str) -> None:
-        if self._closed:
-            raise DeviceLost(f"{awaited}: transport closed", layer=Layer.USB_TRANSFER)
-        if self._lost:
-            raise DeviceLost(
-                f"{awaited}: the device went away; open it again", layer=Layer.USB_TRANSFER
-            )
 
     def _submit(
-        self,
-        awaited: str,
-        timeout: float | None,
-        fill: Callable[[usb1.USBTransfer, Callable[[usb1.USBTransfer], None], int], None],
-        *,
-        exact: int,
-        is_in: bool,
+        self, bound: WaitBound, endpoint: int, setup: Setup | None, payload: Payload
     ) -> UsbTransfer[Any]:
-        self._check_open(awaited)
-        bound = WaitBound(awaited=awaited, error=UsbTransferTimeout, timeout=timeout)
+        is_in = isinstance(payload, int)
         completion: Completion[_Raw] = Completion()
-        ledger = current_ledger()
         transfer = self.handle.getTransfer()
 
         def completed(status: int, actual: int, data: bytes) -> None:
@@ -165,15 +142,20 @@ class LibusbTransport:
             done.doom()  # python-libusb1 frees it once this callback returns
             self.context.on_loop(lambda: completed(status, actual, data))
 
-        entry = ledger.open("usb transfer", awaited)
+        ledger = current_ledger()
+        entry = ledger.open(LedgerKind.USB_TRANSFER, bound.awaited)
         try:
-            fill(transfer, callback, library_timeout_ms(bound.remaining()))
-            with map_exceptions(_SUBMIT_ERRORS, layer=Layer.USB_TRANSFER, awaited=awaited):
+            ms = library_timeout_ms(bound.remaining())
+            if setup is None:
+                transfer.setBulk(endpoint, payload, callback=callback, timeout=ms)
+            else:
+                transfer.setControl(*setup, payload, callback=callback, timeout=ms)
+            with map_exceptions(_SUBMIT_ERRORS, layer=Layer.USB_TRANSFER, awaited=bound.awaited):
                 transfer.submit()
         except BaseException as exc:
             ledger.close(entry)
             transfer.close()
-            self._lost = self._lost or isinstance(exc, DeviceLost)
+            self._noted(exc)
             raise
         self._in_flight[transfer] = completion
 
@@ -184,84 +166,18 @@ class LibusbTransport:
                 pass
 
         def finish(raw: _Raw) -> Any:
-            try:
-                return transfer_outcome(*raw, exact=exact, is_in=is_in, bound=bound)
-            except DeviceLost:
-                self._lost = True  # like the handle itself: dead until opened again
-                raise
+            status, actual, data = raw
+            outcome, detail = libusb_outcome(status)
+            return self._result(bound, payload, outcome, actual, data, detail)
 
         return UsbTransfer(
-            awaited=awaited,
+            awaited=bound.awaited,
             bound=bound,
             completion=completion,
             cancel=cancel,
             finish=finish,
             drain_timeout=self.drain_timeout,
         )
-
-    async def control_out(
-        self,
-        request_type: int,
-        request: int,
-        value: int,
-        index: int,
-        data: bytes = b"",
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        if request_type & 0x80:
-            raise ValueError(f"control OUT 0x{request:02x} with an IN request type")
-        payload = bytes(data)
-
-        def fill(t: usb1.USBTransfer, cb: Callable[[usb1.USBTransfer], None], ms: int) -> None:
-            t.setControl(request_type, request, value, index, payload, callback=cb, timeout=ms)
-
-        awaited = describe_control(False, request, value, index, len(payload))
-        await self._submit(awaited, timeout, fill, exact=len(payload), is_in=False).wait()
-
-    async def control_in(
-        self,
-        request_type: int,
-        request: int,
-        value: int,
-        index: int,
-        length: int,
-        *,
-        timeout: float | None = None,
-    ) -> bytes:
-        if not request_type & 0x80:
-            raise ValueError(f"control IN 0x{request:02x} with an OUT request type")
-
-        def fill(t: usb1.USBTransfer, cb: Callable[[usb1.USBTransfer], None], ms: int) -> None:
-            t.setControl(request_type, request, value, index, length, callback=cb, timeout=ms)
-
-        awaited = describe_control(True, request, value, index, length)
-        result: bytes = await self._submit(awaited, timeout, fill, exact=length, is_in=True).wait()
-        return result
-
-    def submit_bulk_out(
-        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
-    ) -> UsbTransfer[None]:
-        """Start a bulk OUT. A writable buffer (bytearray) is sent in place, without a copy."""
-
-        def fill(t: usb1.USBTransfer, cb: Callable[[usb1.USBTransfer], None], ms: int) -> None:
-            t.setBulk(endpoint, data, callback=cb, timeout=ms)
-
-        awaited = describe_bulk(endpoint, len(data))
-        return self._submit(awaited, timeout, fill, exact=len(data), is_in=False)
-
-    async def bulk_out(
-        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
-    ) -> None:
-        await self.submit_bulk_out(endpoint, data, timeout=timeout).wait()
-
-    async def bulk_in(self, endpoint: int, length: int, *, timeout: float | None = None) -> bytes:
-        def fill(t: usb1.USBTransfer, cb: Callable[[usb1.USBTransfer], None], ms: int) -> None:
-            t.setBulk(endpoint, length, callback=cb, timeout=ms)
-
-        awaited = describe_bulk(endpoint, length)
-        result: bytes = await self._submit(awaited, timeout, fill, exact=length, is_in=True).wait()
-        return result
 
     async def reset(self, *, timeout: float | None = None) -> None:
         """A USB port reset (libusb_reset_device, on a worker thread: it blocks). Transfers in
@@ -279,8 +195,8 @@ class LibusbTransport:
                     error=UsbTransferTimeout,
                     timeout=timeout,
                 )
-        except DeviceLost:
-            self._lost = True
+        except DeviceLost as exc:
+            self._noted(exc)
             raise
 
     async def aclose(self) -> None:
@@ -324,21 +240,21 @@ def _claim(handle: usb1.USBDeviceHandle) -> None:
 
 
 async def _prepare(
-    handle: usb1.USBDeviceHandle, bound: WaitBound, products: tuple[str, ...] | None
-) -> str | None:
-    """Check the product string and claim the interface, on worker threads (they block); the
-    product string when it does not match (and nothing is claimed), else None."""
+    handle: usb1.USBDeviceHandle, ident: tuple[int, int], search: BridgeSearch, bound: WaitBound
+) -> bool:
+    """Check the product string and claim the interface, on worker threads (they block); False
+    when the product string is not the bridge's (and nothing is claimed)."""
     awaited = bound.awaited
-    if products is not None:
+    if search.products is not None:
         name: str = await run_in_thread(
             lambda: handle.getProduct() or "", awaited=f"{awaited}: product string", within=bound
         )
-        if not name.startswith(products):
-            return name
+        if not search.named(*ident, name):
+            return False
     await run_in_thread(
         lambda: _claim(handle), awaited=f"{awaited}: claim interface 0", within=bound
     )
-    return None
+    return True
 
 
 async def open_bridge(
@@ -349,44 +265,34 @@ async def open_bridge(
     products: tuple[str, ...] | None = BRIDGE_PRODUCTS,
     drain_timeout: float = 1.0,
 ) -> LibusbTransport:
-    """Find and open the bridge: the first device with one of ``ids`` whose product string starts
-    with one of ``products`` (None: do not check); detach a kernel driver from interface 0 (then
-    reset), set configuration 1, claim interface 0, alternate setting 0 — all within ``timeout``
-    (and the enclosing deadline).
+    """Find and open the bridge (:class:`~transports.usb.discovery.BridgeSearch`): the first device
+    with one of ``ids`` whose product string starts with one of ``products`` (None: do not
+    check); detach a kernel driver from interface 0 (then reset), set configuration 1, claim
+    interface 0, alternate setting 0 — all within ``timeout`` (and the enclosing deadline).
 
     Devices are opened and closed on the loop thread (libusb adds and removes their fds there);
     the blocking steps — reading the product string, claiming — run on worker threads. None
     found: :class:`aio_runtime.DeviceLost`; libusb errors: ``DeviceLost`` (gone) or
     :class:`aio_runtime.TransferError`.
     """
-    awaited = "open the USB-PCIe bridge"
-    bound = WaitBound(awaited=awaited, error=UsbTransferTimeout, timeout=timeout)
-    wanted = set(ids)
-    skipped: list[str] = []
+    search = BridgeSearch(ids, products)
+    bound = WaitBound(awaited=search.awaited, error=UsbTransferTimeout, timeout=timeout)
     with map_exceptions(
         {usb1.USBErrorNoDevice: DeviceLost, usb1.USBError: TransferError},
         layer=Layer.USB_TRANSFER,
-        awaited=awaited,
+        awaited=search.awaited,
     ):
         for device in context.usb.getDeviceIterator(skip_on_error=True):
             ident = (device.getVendorID(), device.getProductID())
-            if ident not in wanted:
+            if not search.wanted(*ident):
                 continue
             handle = device.open()
             try:
-                mismatch = await _prepare(handle, bound, products)
+                if await _prepare(handle, ident, search, bound):
+                    return LibusbTransport(context, handle, drain_timeout=drain_timeout)
             except BaseException as exc:
                 if not getattr(exc, "in_flight", False):  # else a worker still uses the handle
                     handle.close()
                 raise
-            if mismatch is None:
-                return LibusbTransport(context, handle, drain_timeout=drain_timeout)
-            skipped.append(f"{ident[0]:04x}:{ident[1]:04x} {mismatch!r}")
             handle.close()
-    looked_for = ", ".join(f"{v:04x}:{p:04x}" for v, p in sorted(wanted))
-    detail = f"; skipped (product string): {', '.join(skipped)}" if skipped else ""
-    raise DeviceLost(
-        f"no USB-PCIe bridge on the bus (looked for {looked_for}){detail}",
-        layer=Layer.USB_TRANSFER,
-        awaited=awaited,
-    )
+    raise search.not_found()

@@ -16,9 +16,9 @@ Transfers on one endpoint run one after another, in the order they were started,
 an endpoint complete in submission order as the interface requires: a second bulk OUT "in flight"
 waits on its thread for the first to finish (its bound runs meanwhile). Errors map onto the same
 family as the other backends: pyusb's timeout → :class:`aio_runtime.UsbTransferTimeout` (or
-:class:`aio_runtime.BudgetExhausted`), a pipe error → :class:`UsbStall`, no device →
+:class:`aio_runtime.BudgetExhausted`), a pipe error → :class:`~transports.usb.UsbStall`, no device →
 :class:`aio_runtime.DeviceLost` (the transport stays dead), a short transfer →
-:class:`ShortTransfer`, other USB errors → :class:`aio_runtime.TransferError`.
+:class:`~transports.usb.ShortTransfer`, other USB errors → :class:`aio_runtime.TransferError`.
 
 Runs on asyncio and on trio.
 """
@@ -29,7 +29,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import usb.core  # type: ignore[import-untyped]
@@ -37,8 +37,8 @@ import usb.util  # type: ignore[import-untyped]
 
 from aio_runtime import (
     Completion,
-    DeviceLost,
     Layer,
+    LedgerKind,
     TransferError,
     UsbTransferTimeout,
     WaitBound,
@@ -48,76 +48,79 @@ from aio_runtime import (
     run_in_thread,
 )
 
+from ..protocol.bridge import BRIDGE_IDS, BRIDGE_PRODUCTS
+from .backend import Payload, Setup, TransportBase
 from .base import (
-    UsbStall,
+    TransferOutcome,
     UsbTransfer,
-    describe_bulk,
-    describe_control,
     library_timeout_ms,
-    require_length,
+    transfer_error,
 )
+from .discovery import BridgeSearch
 
-__all__ = ["PyusbTransport", "open_pyusb_bridge", "pyusb_error"]
+__all__ = ["PyusbTransport", "open_pyusb_bridge", "pyusb_error", "pyusb_outcome"]
 
-T = TypeVar("T")
 _LIBUSB_ERROR_NO_DEVICE, _LIBUSB_ERROR_PIPE = -4, -9
 _log = get_logger(__name__)
 
 
-def pyusb_error(exc: BaseException, bound: WaitBound) -> BaseException:
-    """The runtime's error for what a pyusb call raised (``exc`` itself if it is not pyusb's)."""
-    awaited = bound.awaited
+def pyusb_outcome(exc: BaseException) -> tuple[TransferOutcome, str] | None:
+    """What a pyusb call raised, as a :class:`~transports.usb.base.TransferOutcome` with what
+    pyusb said (None: not pyusb's error)."""
     if isinstance(exc, usb.core.USBTimeoutError):
-        return bound.timed_out()
+        return TransferOutcome.TIMED_OUT, ""
     if not isinstance(exc, usb.core.USBError):
-        return exc
+        return None
     code = exc.backend_error_code
     if code == _LIBUSB_ERROR_PIPE:
-        return UsbStall(f"{awaited}: stall ({exc.strerror})", awaited=awaited)
+        return TransferOutcome.STALL, f"{exc.strerror}"
     if code == _LIBUSB_ERROR_NO_DEVICE:
-        return DeviceLost(f"{awaited}: no device", layer=Layer.USB_TRANSFER, awaited=awaited)
-    return TransferError(f"{awaited}: {exc.strerror}", awaited=awaited, layer=Layer.USB_TRANSFER)
+        return TransferOutcome.NO_DEVICE, ""
+    return TransferOutcome.ERROR, f"{exc.strerror}"
 
 
-class PyusbTransport:
+def pyusb_error(exc: BaseException, bound: WaitBound) -> BaseException:
+    """The runtime's error for what a pyusb call raised (``exc`` itself if it is not pyusb's)."""
+    translated = pyusb_outcome(exc)
+    if translated is None:
+        return exc
+    outcome, detail = translated
+    return transfer_error(outcome, bound, detail)
+
+
+class PyusbTransport(TransportBase):
     """A :class:`~transports.usb.UsbTransport` over a pyusb device whose interface
-    ``interface`` is claimed (see :func:`open_pyusb_bridge`)."""
+    ``interface`` is claimed (see :func:`open_pyusb_bridge`). A bulk OUT's ``data`` is used in
+    place until its call returns."""
 
     def __init__(self, device: Any, *, interface: int = 0, drain_timeout: float = 1.0) -> None:
+        super().__init__(drain_timeout=drain_timeout)
         self.device = device
         self.interface = interface
-        self.drain_timeout = drain_timeout
         self._last: dict[int, threading.Event] = {}
         """Per endpoint: set when the latest call started there has returned (calls on an
         endpoint run one after another, so then all of them have)."""
-        self._closed = False
-        self._lost = False
 
-    def _check_open(self, awaited: str) -> None:
-        if self._closed:
-            raise DeviceLost(f"{awaited}: transport closed", layer=Layer.USB_TRANSFER)
-        if self._lost:
-            raise DeviceLost(
-                f"{awaited}: the device went away; open it again", layer=Layer.USB_TRANSFER
-            )
+    def _call(self, endpoint: int, setup: Setup | None, payload: Payload) -> Callable[[int], Any]:
+        """The blocking pyusb call of a transfer, given its timeout in ms."""
+        device = self.device
+        if setup is not None:
+            return lambda ms: device.ctrl_transfer(*setup, payload, ms)
+        if isinstance(payload, int):
+            return lambda ms: device.read(endpoint, payload, ms)
+        return lambda ms: device.write(endpoint, payload, ms)
 
-    def _start(
-        self,
-        endpoint: int,
-        awaited: str,
-        timeout: float | None,
-        call: Callable[[int], Any],
-        result: Callable[[Any], T],
-    ) -> UsbTransfer[T]:
-        """Run ``call(timeout_ms)`` on a new worker thread once the previous call on ``endpoint``
-        has returned; the transfer's result is ``result(what the call returned)``."""
-        self._check_open(awaited)
-        bound = WaitBound(awaited=awaited, error=UsbTransferTimeout, timeout=timeout)
+    def _submit(
+        self, bound: WaitBound, endpoint: int, setup: Setup | None, payload: Payload
+    ) -> UsbTransfer[Any]:
+        """Run the call on a new worker thread once the previous call on ``endpoint`` has
+        returned."""
+        call = self._call(endpoint, setup, payload)
         deadline = time.monotonic() + bound.remaining()  # the worker has no loop clock
         completion: Completion[tuple[str, Any]] = Completion()
         setter = completion.threadsafe_setter()
         ledger = current_ledger()
-        entry = ledger.open("usb transfer", awaited)
+        entry = ledger.open(LedgerKind.USB_TRANSFER, bound.awaited)
         previous, done = self._last.get(endpoint), threading.Event()
         self._last[endpoint] = done
         context = contextvars.copy_context()
@@ -139,118 +142,30 @@ class PyusbTransport:
                 ledger.close(entry)
             setter.set_result(outcome)
 
-        def finish(raw: tuple[str, Any]) -> T:
+        def finish(raw: tuple[str, Any]) -> Any:
             kind, value = raw
-            if kind == "ok":
-                return result(value)
+            if kind == "ok":  # an OUT call returns how many bytes it sent, an IN call the bytes
+                if isinstance(payload, int):
+                    return self._result(
+                        bound, payload, TransferOutcome.COMPLETED, len(value), bytes(value)
+                    )
+                return self._result(bound, payload, TransferOutcome.COMPLETED, int(value))
             if kind == "expired":
-                raise bound.timed_out()
-            error = pyusb_error(value, bound)
-            if isinstance(error, DeviceLost):
-                self._lost = True  # like a libusb handle after an unplug: dead for good
+                return self._result(bound, payload, TransferOutcome.TIMED_OUT)
+            error = self._noted(pyusb_error(value, bound))
             if error is value:
                 raise error
             raise error from value
 
-        threading.Thread(target=work, name=f"pyusb: {awaited}", daemon=True).start()
+        threading.Thread(target=work, name=f"pyusb: {bound.awaited}", daemon=True).start()
         return UsbTransfer(
-            awaited=awaited,
+            awaited=bound.awaited,
             bound=bound,
             completion=completion,
             cancel=lambda: None,  # a blocking pyusb call cannot be stopped; it ends by its timeout
             finish=finish,
             drain_timeout=self.drain_timeout,
         )
-
-    @staticmethod
-    def _sent(exact: int, awaited: str) -> Callable[[int], None]:
-        """An OUT call returns how many bytes it sent: all of them, or ShortTransfer."""
-
-        def check(count: int) -> None:
-            require_length(awaited, int(count), exact)
-
-        return check
-
-    @staticmethod
-    def _received(exact: int, awaited: str) -> Callable[[Any], bytes]:
-        """An IN call returns the bytes it received: exactly ``exact``, or ShortTransfer."""
-
-        def check(data: Any) -> bytes:
-            require_length(awaited, len(data), exact)
-            return bytes(data)
-
-        return check
-
-    async def control_out(
-        self,
-        request_type: int,
-        request: int,
-        value: int,
-        index: int,
-        data: bytes = b"",
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        if request_type & 0x80:
-            raise ValueError(f"control OUT 0x{request:02x} with an IN request type")
-        payload = bytes(data)
-        awaited = describe_control(False, request, value, index, len(payload))
-        await self._start(
-            0,
-            awaited,
-            timeout,
-            lambda ms: self.device.ctrl_transfer(request_type, request, value, index, payload, ms),
-            self._sent(len(payload), awaited),
-        ).wait()
-
-    async def control_in(
-        self,
-        request_type: int,
-        request: int,
-        value: int,
-        index: int,
-        length: int,
-        *,
-        timeout: float | None = None,
-    ) -> bytes:
-        if not request_type & 0x80:
-            raise ValueError(f"control IN 0x{request:02x} with an OUT request type")
-        awaited = describe_control(True, request, value, index, length)
-        return await self._start(
-            0,
-            awaited,
-            timeout,
-            lambda ms: self.device.ctrl_transfer(request_type, request, value, index, length, ms),
-            self._received(length, awaited),
-        ).wait()
-
-    def submit_bulk_out(
-        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
-    ) -> UsbTransfer[None]:
-        """Start a bulk OUT on a worker thread. ``data`` is used in place until the call returns."""
-        awaited = describe_bulk(endpoint, len(data))
-        return self._start(
-            endpoint,
-            awaited,
-            timeout,
-            lambda ms: self.device.write(endpoint, data, ms),
-            self._sent(len(data), awaited),
-        )
-
-    async def bulk_out(
-        self, endpoint: int, data: bytes | bytearray | memoryview, *, timeout: float | None = None
-    ) -> None:
-        await self.submit_bulk_out(endpoint, data, timeout=timeout).wait()
-
-    async def bulk_in(self, endpoint: int, length: int, *, timeout: float | None = None) -> bytes:
-        awaited = describe_bulk(endpoint, length)
-        return await self._start(
-            endpoint,
-            awaited,
-            timeout,
-            lambda ms: self.device.read(endpoint, length, ms),
-            self._received(length, awaited),
-        ).wait()
 
     async def reset(self, *, timeout: float | None = None) -> None:
         """A USB port reset, on a worker thread; a device that has gone: DeviceLost."""
@@ -259,9 +174,7 @@ class PyusbTransport:
         try:
             await run_in_thread(self.device.reset, awaited="USB reset", within=bound)
         except usb.core.USBError as exc:
-            error = pyusb_error(exc, bound)
-            self._lost = self._lost or isinstance(error, DeviceLost)
-            raise error from exc
+            raise self._noted(pyusb_error(exc, bound)) from exc
 
     async def aclose(self) -> None:
         """Wait (shielded, at most ``drain_timeout``) for calls still running, then release the
@@ -289,18 +202,15 @@ class PyusbTransport:
         usb.util.dispose_resources(self.device)
 
 
-def _open_blocking(ids: Iterable[tuple[int, int]], products: tuple[str, ...] | None) -> Any:
-    wanted = set(ids)
-    skipped: list[str] = []
+def _open_blocking(search: BridgeSearch) -> Any:
     for device in usb.core.find(
-        find_all=True, custom_match=lambda d: (d.idVendor, d.idProduct) in wanted
+        find_all=True, custom_match=lambda d: search.wanted(d.idVendor, d.idProduct)
     ):
-        if products is not None:
-            name = device.product or ""
-            if not name.startswith(products):
-                skipped.append(f"{device.idVendor:04x}:{device.idProduct:04x} {name!r}")
-                usb.util.dispose_resources(device)
-                continue
+        if search.products is not None and not search.named(
+            device.idVendor, device.idProduct, device.product or ""
+        ):
+            usb.util.dispose_resources(device)
+            continue
         if device.is_kernel_driver_active(0):
             device.detach_kernel_driver(0)
             device.reset()
@@ -308,33 +218,27 @@ def _open_blocking(ids: Iterable[tuple[int, int]], products: tuple[str, ...] | N
         usb.util.claim_interface(device, 0)
         device.set_interface_altsetting(interface=0, alternate_setting=0)
         return device
-    looked_for = ", ".join(f"{v:04x}:{p:04x}" for v, p in sorted(wanted))
-    detail = f"; skipped (product string): {', '.join(skipped)}" if skipped else ""
-    raise DeviceLost(
-        f"no USB-PCIe bridge on the bus (looked for {looked_for}){detail}",
-        layer=Layer.USB_TRANSFER,
-        awaited="open the USB-PCIe bridge",
-    )
+    raise search.not_found()
 
 
 async def open_pyusb_bridge(
     *,
     timeout: float | None = None,
-    ids: Iterable[tuple[int, int]] = ((0xADD1, 0x0001), (0x3801, 0x0001)),
-    products: tuple[str, ...] | None = ("custom", "AS2462"),
+    ids: Iterable[tuple[int, int]] = BRIDGE_IDS,
+    products: tuple[str, ...] | None = BRIDGE_PRODUCTS,
     drain_timeout: float = 1.0,
 ) -> PyusbTransport:
     """Find and open the bridge through pyusb, as
     :func:`~transports.usb.libusb_backend.open_bridge` does through python-libusb1."""
-    chosen = tuple(ids)
+    search = BridgeSearch(ids, products)
     with map_exceptions(
         {usb.core.USBError: TransferError, usb.core.NoBackendError: TransferError},
         layer=Layer.USB_TRANSFER,
-        awaited="open the USB-PCIe bridge",
+        awaited=search.awaited,
     ):
         device = await run_in_thread(
-            lambda: _open_blocking(chosen, products),
-            awaited="open the USB-PCIe bridge",
+            lambda: _open_blocking(search),
+            awaited=search.awaited,
             error=UsbTransferTimeout,
             timeout=timeout,
         )

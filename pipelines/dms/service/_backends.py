@@ -24,7 +24,8 @@ from aio_runtime import (
 )
 from transports.gpu import SessionConfig
 from transports.sim import FaultPlan
-from transports.usb import SimUsbTransport, UsbTransport
+from transports.sim.usb import SimUsbTransport
+from transports.usb import UsbTransport
 
 from ..accelerator import AcceleratorRunner
 from ..accelerator_sim import simulated_device

@@ -43,15 +43,14 @@ from aio_runtime import (
     RuntimeFault,
     SignalTimeout,
     UsbTransferTimeout,
-    get_logger,
+    serial_reached,
     wait_until,
 )
 
-from . import hwdefs as hw
-from .bridge import BridgeClient
-from .errors import GpuFault
-from .gpu.queues import Packets, Ring
-from .hwdefs import (
+from ..bridge import BridgeClient
+from ..errors import GpuFault
+from ..protocol import gpu as hw
+from ..protocol.bridge import (
     CQ_RELEASE_PCIE,
     EP_BULK_IN,
     EP_BULK_OUT,
@@ -62,32 +61,20 @@ from .hwdefs import (
     SRAM_PCIE,
     SRAM_SIZE,
 )
-from .usb import UsbTransfer
+from ..usb import UsbTransfer
+from .queues import Packets, Ring
 
-__all__ = [
-    "CHUNK",
-    "HALF",
-    "MAX_BATCH",
-    "SLOT",
-    "CopyProtocol",
-    "CopyStatistics",
-    "GpuFault",
-    "sentinel",
-]
+__all__ = ["CHUNK", "HALF", "MAX_BATCH", "CopyProtocol", "CopyStatistics", "sentinel"]
 
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
-_log = get_logger("transports.copy")
+_FENCE_BITS = 8
+"""The host reads one byte of the chunk fence and compares it as a serial number: never wrongly,
+since a batch holds at most :data:`MAX_BATCH` chunks, half the byte's range."""
 
 
 def sentinel(n: int) -> int:
     return 0x5100_0000 | (n & 0xFF_FFFF)
-
-
-def _reached(fence: int, count: int) -> bool:
-    """Whether a one-byte fence has reached ``count`` (modulo 256; never more than a batch of
-    :data:`MAX_BATCH` apart)."""
-    return (fence - count) & 0xFF < 0x80
 
 
 def _wire_in(size: int) -> int:
@@ -199,12 +186,12 @@ class CopyProtocol:
     async def _drained(self, count: int, what: str) -> None:
         """Wait until the fence shows ``count`` chunks done (one byte, compared modulo 256). A
         fence already seen that far is not read again: the engine often runs a chunk ahead."""
-        if _reached(self._fence_seen, count):
+        if serial_reached(self._fence_seen, count, bits=_FENCE_BITS):
             return
         try:
             await wait_until(
                 self._fence,
-                lambda fence: _reached(fence, count),
+                lambda fence: serial_reached(fence, count, bits=_FENCE_BITS),
                 awaited=f"chunk fence >= {count} ({what})",
                 error=SignalTimeout,
                 layer=Layer.GPU_QUEUE,
@@ -292,7 +279,7 @@ class CopyProtocol:
         except UsbTransferTimeout as exc:
             with contextlib.suppress(Exception):
                 fence = await self._fence()
-                if _reached(fence, n + 1):
+                if serial_reached(fence, n + 1, bits=_FENCE_BITS):
                     exc.add_note(
                         f"the GPU consumed copy-in chunk {n} (fence {fence}): "
                         "the USB completion was lost"
@@ -357,7 +344,7 @@ class CopyProtocol:
             fence = None
             with contextlib.suppress(Exception):
                 fence = await self._fence()
-            if fence is not None and _reached(fence, n + 1):
+            if fence is not None and serial_reached(fence, n + 1, bits=_FENCE_BITS):
                 exc.add_note(
                     f"the GPU finished copy-out chunk {n} (fence {fence}) "
                     "but never released the armed read"

@@ -8,7 +8,8 @@ dispatch and release); where it names them only, the layout below is ours.
 PCIe addresses (the GPU is bus 4, device 0, behind the bridge's ports on buses 0-3; BARs are
 pre-assigned): MMIO registers at :data:`MMIO_BASE` (1 MiB of dword registers), VRAM at
 :data:`VRAM_BASE`. The GPU addresses memory by these same bus addresses (an identity mapping, as
-tinygrad's ``GMMU=0``): VRAM, and the bridge's sys page, cq page and SRAM.
+tinygrad's ``GMMU=0``): VRAM, and the bridge's sys page, cq page and SRAM
+(:mod:`transports.protocol.bridge`).
 
 Packets are little-endian dwords. The header dword is ``opcode | argument << 8``. Ring pointers are
 byte counts that only grow; a packet's dwords sit at ``pointer % ring size`` and may wrap.
@@ -18,28 +19,76 @@ from __future__ import annotations
 
 import enum
 
+__all__ = [
+    "AM_VERSION",
+    "CNTL_ENABLE",
+    "CNTL_RESET",
+    "COMPUTE",
+    "GPU_BUS",
+    "GPU_DEVICE",
+    "GPU_FUNCTION",
+    "GPU_ID",
+    "IH",
+    "IH_CNTL",
+    "IH_ENTRIES",
+    "IH_ENTRY",
+    "IH_RPTR",
+    "IH_WPTR",
+    "MMIO_BASE",
+    "MMIO_SIZE",
+    "POLL_EQUAL",
+    "POLL_GREATER_EQUAL",
+    "PSP_BL",
+    "PSP_BL_ADDR",
+    "PSP_FRAME_SIZE",
+    "PSP_READY",
+    "PSP_RESPONSE_OFFSET",
+    "PSP_RING_CREATED",
+    "PSP_RING_CTL",
+    "PSP_RING_HI",
+    "PSP_RING_LO",
+    "PSP_RING_SIZE",
+    "PSP_RING_WPTR",
+    "PSP_SOS",
+    "RB_CNTL",
+    "RB_HI",
+    "RB_LO",
+    "RB_RPTR",
+    "RB_SIZE",
+    "RB_STATUS",
+    "RB_WPTR",
+    "SCRATCH_REG6",
+    "SCRATCH_REG7",
+    "SDMA",
+    "SDMA_SIZES",
+    "SDMA_WATCHDOG",
+    "SMU_ARG",
+    "SMU_MSG",
+    "SMU_OK",
+    "SMU_RESP",
+    "STATUS_COPY_FENCE",
+    "STATUS_ERROR",
+    "STATUS_HALTED",
+    "STATUS_PAGE_SIZE",
+    "STATUS_TIMELINE",
+    "STATUS_USB_GO",
+    "VM_FAULT_STATUS",
+    "VRAM_BASE",
+    "VRAM_SIZE_MB",
+    "Firmware",
+    "Interrupt",
+    "Pm4",
+    "PspCommand",
+    "PspComponent",
+    "Sdma",
+    "SmuMessage",
+    "pack_u64",
+]
+
 # -- identity ------------------------------------------------------------------------------------
 GPU_BUS, GPU_DEVICE, GPU_FUNCTION = 4, 0, 0
 GPU_ID = 0x7550_1002
 """Config dword 0 (device id << 16 | vendor id) of the simulated GPU."""
-BRIDGE_IDS = ((0xADD1, 0x0001), (0x3801, 0x0001))
-"""USB vendor:product of the bridges the session opens (spec §4.2)."""
-
-# -- the bridge (spec §4.3; layout notes in transports.sim.bridge) --------------------------------
-EP_BULK_OUT, EP_BULK_IN = 0x02, 0x81
-XDATA_SIZE = 0x10000
-"""Controller memory ("XDATA"), read with 0xE4 and written a byte at a time with 0xE5."""
-SYS_XDATA, SYS_PCIE, SYS_SIZE = 0xA000, 0x820000, 0x1000
-"""The sys page: controller memory the GPU also reaches over PCIe."""
-FENCE_XDATA, FENCE_PCIE = SYS_XDATA + 0x800, SYS_PCIE + 0x800
-"""The copy protocol's chunk fence in the sys page."""
-LTSSM_XDATA, LINK_UP = 0xB450, 0x78
-CQ_PCIE, CQ_SIZE = 0x822000, 0x200
-CQ_RELEASE_PCIE = CQ_PCIE + 12
-"""A GPU write of 0 here releases an armed SRAM read."""
-SRAM_PCIE, SRAM_SIZE, SLOT, SECTOR = 0x200000, 0x80000, 0x4000, 512
-"""Bridge SRAM: 32 slots of 16 KiB, moved in 512-byte sectors by the 0xF2 DMA engine."""
-SRAM_SLOTS = SRAM_SIZE // SLOT
 
 # -- address map ---------------------------------------------------------------------------------
 MMIO_BASE, MMIO_SIZE = 0x1000_0000, 0x10_0000
