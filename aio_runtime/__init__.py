@@ -57,7 +57,7 @@ from ._core._ownership import (
     current_ledger,
     use_ledger,
 )
-from ._core._resources import AsyncResource
+from ._core._resources import AsyncResource, ExcInfo
 from ._core._signals import Fence, TimelineSignal, serial_reached
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
 from ._core._threads import PendingCall, WorkerThread, run_in_thread
@@ -76,6 +76,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "AllocatorStatistics",
     "AsyncResource",
+    "ExcInfo",
     "Availability",
     "AvailabilityMachine",
     "AvailabilityState",

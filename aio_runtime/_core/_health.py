@@ -223,16 +223,12 @@ class AvailabilityMachine:
         initial_reason: str = "starting",
         max_backlog: int = 256,
     ) -> None:
-        if recover_after < 1:
-            raise ValueError(f"recover_after must be >= 1, got {recover_after}")
-        if escalate_after is not None and escalate_after < 1:
-            raise ValueError(f"escalate_after must be >= 1 or None, got {escalate_after}")
-        if max_backlog < 1:
-            raise ValueError(f"max_backlog must be >= 1, got {max_backlog}")
-        self.recover_after = recover_after
+        self.recover_after = _at_least_one("recover_after", recover_after)
         self.escalate_after = escalate_after
+        if escalate_after is not None:
+            _at_least_one("escalate_after", escalate_after, " or None")
+        self.max_backlog = _at_least_one("max_backlog", max_backlog)
         self.per_kind = per_kind
-        self.max_backlog = max_backlog
         self._escalated = escalated
         self._state = AvailabilityState(
             Availability.UNAVAILABLE, Reason.of(initial_reason), _safe_now()
@@ -360,6 +356,12 @@ class AvailabilityMachine:
                 self._subscribers.remove(send)
             send.close()
             receive.close()
+
+
+def _at_least_one(name: str, value: int, alternative: str = "") -> int:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1{alternative}, got {value}")
+    return value
 
 
 def _safe_now() -> float:

@@ -21,13 +21,13 @@ import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import TypeVar
 
 import anyio
 
 from ._clock import deadline_scope, validate_timeout
 from ._errors import RollbackFailed
+from ._resources import ExcInfo
 
 __all__ = [
     "Ledger",
@@ -284,12 +284,8 @@ class Stages:
     async def __aenter__(self) -> Stages:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> None:
+        exc = exc_info[1]
         stages, self._stages = self._stages, []
         failures = await _release_all(self.name, stages, self._ledger, self.cleanup_timeout)
         if not failures:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from types import TracebackType
 from typing import Self
 
-__all__ = ["AsyncResource"]
+__all__ = ["AsyncResource", "ExcInfo"]
+
+ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+"""What leaving a ``with`` block hands ``__exit__``/``__aexit__``: the exception's type, the
+exception and its traceback (all None when the block ended normally). Written once for every exit
+that passes them on: ``async def __aexit__(self, *exc_info: Unpack[ExcInfo])``."""
 
 
 class AsyncResource(metaclass=ABCMeta):

@@ -88,8 +88,9 @@ class ModelRunFailed(RuntimeFault):
 
 
 @dataclass
-class _Counts:
-    """What :class:`RunnerStatistics` reports, as it is counted (``running``: runs executing)."""
+class RunnerStatistics:
+    """Counts since the runner was made (:meth:`OnnxRunner.statistics` gives a copy). ``runs``:
+    runs started; ``terminated``: runs onnxruntime stopped on request."""
 
     runs: int = 0
     completed: int = 0
@@ -98,24 +99,14 @@ class _Counts:
     failed: int = 0
     invalid_output: int = 0
     superseded: int = 0
-    running: int = 0
-
-
-@dataclass(frozen=True)
-class RunnerStatistics:
-    """Counts since the runner was made. ``runs``: runs started; ``terminated``: runs
-    onnxruntime stopped on request."""
-
-    runs: int
-    completed: int
-    timed_out: int
-    terminated: int
-    failed: int
-    invalid_output: int
-    superseded: int
     """Runs withdrawn before they started, in favour of a later one."""
-    in_flight: bool
-    """A run is still executing (one that did not stop when asked, or one in progress)."""
+    running: int = 0
+    """Runs executing now."""
+
+    @property
+    def in_flight(self) -> bool:
+        """A run is still executing (one that did not stop when asked, or one in progress)."""
+        return self.running > 0
 
 
 class OnnxRunner:
@@ -165,7 +156,7 @@ class OnnxRunner:
         without waiting for the event loop in between."""
         self._waiting: _Turn | None = None
         """The latest run asked for (still waiting for the thread, or not any more)."""
-        self._counts = _Counts()
+        self._counts = RunnerStatistics()
         self._count_lock = threading.Lock()
         """Held for the counts kept on the runner's thread (and for reading them all)."""
 
@@ -192,9 +183,7 @@ class OnnxRunner:
 
     def statistics(self) -> RunnerStatistics:
         with self._count_lock:
-            counts = dataclasses.asdict(self._counts)
-        running = counts.pop("running")
-        return RunnerStatistics(**counts, in_flight=running > 0)
+            return dataclasses.replace(self._counts)
 
     @staticmethod
     def _checked_inputs(

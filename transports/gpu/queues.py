@@ -8,6 +8,7 @@ posted write. Packet formats: :mod:`transports.protocol.gpu`.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass, field
 
 from aio_runtime import Layer, SignalTimeout, wait_until
 
@@ -71,8 +72,10 @@ class Packets:
 _MASK = 0xFFFF_FFFF
 
 
+@dataclass(eq=False, repr=False)
 class Ring:
-    """One queue's ring buffer in VRAM and its register block.
+    """One queue's ring buffer in VRAM (``size`` bytes at bus address ``base``) and its register
+    block (``block``, from the MMIO base).
 
     The write and read pointers are 32-bit byte counts that wrap; the ring's size is a power of
     two, so a pointer modulo the size is its place in the ring. :meth:`submit` never overwrites
@@ -80,27 +83,20 @@ class Ring:
     :class:`aio_runtime.SignalTimeout`) for the read pointer to move.
     """
 
-    def __init__(
-        self,
-        bridge: BridgeClient,
-        block: int,
-        base: int,
-        size: int,
-        name: str,
-        *,
-        timeout: float = 10.0,
-    ) -> None:
+    bridge: BridgeClient
+    block: int
+    base: int
+    size: int
+    name: str
+    timeout: float = field(default=10.0, kw_only=True)
+    wptr: int = field(default=0, init=False)
+    _rptr: int = field(default=0, init=False)
+    """The engine's read pointer when last read."""
+
+    def __post_init__(self) -> None:
+        size = self.size
         if size < 64 or size & (size - 1) or size > 1 << 31:
             raise ValueError(f"a ring's size is a power of two from 64 bytes to 2 GiB, got {size}")
-        self.bridge = bridge
-        self.block = block
-        self.base = base
-        self.size = size
-        self.name = name
-        self.timeout = timeout
-        self.wptr = 0
-        self._rptr = 0
-        """The engine's read pointer when last read."""
 
     def _register(self, offset: int) -> int:
         return hw.MMIO_BASE + self.block + offset

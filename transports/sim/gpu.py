@@ -11,12 +11,13 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.abc
 import numpy as np
+
+from aio_runtime import ExcInfo
 
 from ..protocol import gpu as hw
 from .bridge import SimBridge
@@ -318,12 +319,7 @@ class SimDevice:
         await self._tg.start(self.gpu.run)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        return await self._tg.__aexit__(*exc_info)

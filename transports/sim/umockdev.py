@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import struct
-from types import TracebackType
 from typing import Any
 
 from ..protocol.bridge import BRIDGE_IDS, EP_BULK_IN, EP_BULK_OUT
@@ -177,12 +176,7 @@ class EmulatedBridge:
             )
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.testbed is not None:
             self.testbed.detach_ioctl(self.devnode)
             if self.syspath:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from types import TracebackType
 
 import usb1  # type: ignore[import-untyped]
 
@@ -82,12 +81,7 @@ class LibusbContext:
             self._watch(fd, events)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         usb, self._usb = self._usb, None
         for fd in list(self._watched) + list(self._polled):
             self._unwatch(fd)

@@ -19,13 +19,12 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import AbstractContextManager
-from types import TracebackType
 
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from aio_runtime import CameraTimeout, Transition, run_in_thread
+from aio_runtime import CameraTimeout, ExcInfo, Transition, run_in_thread
 
 from ..camera import Frame
 from ..camera_sources import CalibrationSample
@@ -97,16 +96,11 @@ class DmsService:
         self._tg.start_soon(self._run)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
+            return await self._tg.__aexit__(*exc_info)
         finally:
             self.outcomes.close_sinks()
 
