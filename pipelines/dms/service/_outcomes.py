@@ -8,6 +8,7 @@ summary's record of availability changes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Callable
@@ -235,5 +236,6 @@ def _mark(readiness: Readiness, layer: ReadinessLayer, up: bool, reason: str) ->
     meanwhile takes the frame's layers down with it)."""
     if not up:
         readiness.mark_down(layer, reason)
-    elif all(readiness.is_up(below) for below in ReadinessLayer if below < layer):
+        return
+    with contextlib.suppress(ValueError):  # a layer below is down: so is this one, already
         readiness.mark_up(layer)
