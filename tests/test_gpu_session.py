@@ -238,6 +238,23 @@ async def test_compute_faults_are_typed_and_recover_clears_them(fault, kernel, e
         assert sim.gpu.error == 0
 
 
+async def test_a_kernel_that_completes_as_a_recovery_begins_stands():
+    """A recovery starts a new epoch before it reads how far the timeline got: a kernel whose
+    completion is seen in between was not lost to it."""
+    async with virtual_time(), session() as (_, gpu):
+        buffer = await gpu.alloc(64)
+        done = []
+        async with anyio.create_task_group() as tg:
+
+            async def run() -> None:
+                done.append(await gpu.run_kernel(SLOW_ADD_ONE, [buffer, buffer, 64]))
+
+            tg.start_soon(run)
+            await anyio.sleep(SLOW / 2)  # the kernel is running on the device
+            gpu.timeline.lose_pending()  # a recovery's first step; the timeline is not read yet
+        assert done == [1]
+
+
 async def test_a_frame_budget_bounds_a_kernel_wait():
     async with virtual_time(), session() as (_, gpu):
         buffer = await gpu.alloc(64)

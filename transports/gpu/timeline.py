@@ -66,7 +66,10 @@ class ComputeTimeline:
         awaited = f"compute timeline >= {value}"
         timeline = await self._await(value, f"timeline {value}", awaited=awaited, timeout=timeout)
         for later in range(epoch + 1, self.epoch + 1):
-            if not self.signal.reached(value, self._completed_at[later]):
+            # A recovery that has not read the timeline yet (or never did: it failed) lost
+            # nothing this kernel did: the device has just been seen to complete it.
+            completed = self._completed_at.get(later)
+            if completed is not None and not self.signal.reached(value, completed):
                 raise GpuFault(
                     f"the kernel of timeline {value} was lost to a device recovery",
                     awaited=awaited,
