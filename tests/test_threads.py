@@ -295,3 +295,43 @@ async def test_a_worker_thread_runs_on_the_cpus_it_is_given():
         worker.close()
     assert seen == {cpu}
     assert os.sched_getaffinity(0) != {cpu}  # the caller's thread is left as it was
+
+
+async def test_a_call_whose_submitted_hook_fails_is_withdrawn_and_never_runs():
+    from aio_runtime import WorkerThread
+
+    ran, gate = threading.Event(), threading.Event()
+    ledger = Ledger()
+    worker = WorkerThread("test worker")
+
+    def refuse(call):
+        raise LookupError("the caller's hook failed")
+
+    try:
+        worker.submit(lambda: gate.wait(5.0))  # holds the worker: the next call queues behind it
+        with use_ledger(ledger), anyio.fail_after(10):
+            with pytest.raises(LookupError):
+                await run_in_thread(
+                    ran.set,
+                    worker=worker,
+                    submitted=refuse,
+                    awaited="a call",
+                    error=ModelTimeout,
+                    timeout=5,
+                )
+            ledger.assert_empty()  # withdrawn: nothing of it is live
+            gate.set()
+            await run_in_thread(
+                lambda: None, worker=worker, awaited="the next call", error=ModelTimeout, timeout=5
+            )
+        assert not ran.is_set()  # its turn came, and it did not run
+    finally:
+        gate.set()
+        worker.close()
+
+
+async def test_submitted_is_for_calls_handed_to_a_worker():
+    with pytest.raises(ValueError, match="pass worker="):
+        await run_in_thread(
+            lambda: None, submitted=print, awaited="x", error=ModelTimeout, timeout=1
+        )

@@ -595,3 +595,10 @@ async def test_a_failing_stop_request_is_noted_on_the_failure_given_and_otherwis
 async def test_drain_needs_a_finite_limit(limit):
     with pytest.raises(ValueError, match="limit"):
         await drain(Completion(), lambda: None, limit=limit)
+
+
+async def test_a_bad_bound_keyword_is_refused_under_the_name_of_the_wait_called():
+    with pytest.raises(TypeError, match=r"^wait_complete\(\) got an unexpected keyword argument"):
+        await wait_complete(Completion(), awaited="x", timout=1.0)
+    with pytest.raises(TypeError, match=r"^wait_until\(\) missing 1 required keyword-only"):
+        await wait_until(lambda: 0, bool, timeout=1.0)

@@ -24,7 +24,7 @@ reset). A request's own bound (``request_timeout``) starts once it has its chann
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import anyio
 
@@ -207,16 +207,18 @@ class BridgeClient:
 
     # -- PCIe requests ---------------------------------------------------------------------
 
-    async def _send(
+    def _send(
         self,
         fmt_type: int,
         address: int,
         word: int,
         enables: int = 0,
         mode: StreamMode = StreamMode.SINGLE,
-    ) -> None:
+    ) -> Awaitable[None]:
+        """The request's control transfer, to await (made here, not in a coroutine of its own:
+        every PCIe request takes this path)."""
         value, data = pack_tlp(fmt_type, address, word, enables)
-        await self.usb.control_out(
+        return self.usb.control_out(
             CONTROL_OUT, VendorRequest.PCIE, value, mode, data, timeout=self.control_timeout
         )
 

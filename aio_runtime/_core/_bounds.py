@@ -109,7 +109,7 @@ class WaitBound:
 
 
 class BoundArgs(TypedDict, total=False):
-    """The keywords that bound a wait (:func:`wait_complete`, :func:`wait_until`,
+    """The keywords that bound a wait (:func:`~aio_runtime.wait_complete`, :func:`~aio_runtime.wait_until`,
     :func:`~aio_runtime.wait_register`, :func:`~aio_runtime.run_in_thread`): ``awaited``, what the
     wait is for, and either its own bound — ``error`` (the :class:`~aio_runtime.HardwareTimeout`
     subclass it raises), ``timeout`` and ``layer`` (by default the error's), as :class:`WaitBound`
@@ -122,20 +122,24 @@ class BoundArgs(TypedDict, total=False):
     within: WaitBound | None
 
 
-def resolve_bound(
-    *,
-    awaited: str,
-    error: type[HardwareTimeout] | None = None,
-    timeout: float | None = None,
-    layer: Layer | None = None,
-    within: WaitBound | None = None,
-) -> WaitBound:
-    """The bound a wait runs under, from its :class:`BoundArgs`: the shared one it was given
-    (``within=``), or its own, made now."""
+_BOUND_KEYS = frozenset(BoundArgs.__annotations__)
+
+
+def resolve_bound(waiter: str, bounding: BoundArgs) -> WaitBound:
+    """The bound the wait ``waiter`` (a public function's name, for errors about its keywords)
+    runs under, from its :class:`BoundArgs`: the shared one it was given (``within=``), or its
+    own, made now."""
+    if not bounding.keys() <= _BOUND_KEYS:
+        unknown = sorted(bounding.keys() - _BOUND_KEYS)
+        raise TypeError(f"{waiter}() got an unexpected keyword argument {unknown[0]!r}")
+    if "awaited" not in bounding:
+        raise TypeError(f"{waiter}() missing 1 required keyword-only argument: 'awaited'")
+    awaited, within = bounding["awaited"], bounding.get("within")
+    timeout, error = bounding.get("timeout"), bounding.get("error")
     if within is not None:
         if timeout is not None:
             raise TypeError("pass either timeout= or within=, not both")
         return within
     if error is None:
         raise TypeError("error= (a HardwareTimeout subclass) is required without within=")
-    return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)
+    return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=bounding.get("layer"))

@@ -11,7 +11,7 @@ __all__ = ["AsyncResource", "ExcInfo"]
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 """What leaving a ``with`` block hands ``__exit__``/``__aexit__``: the exception's type, the
 exception and its traceback (all None when the block ended normally). Written once for every exit
-that passes them on: ``async def __aexit__(self, *exc_info: Unpack[ExcInfo])``."""
+that passes them on: ``async def __aexit__(self, *exc_info: *ExcInfo)``."""
 
 
 class AsyncResource(metaclass=ABCMeta):

@@ -194,4 +194,8 @@ class Fence:
         return await self.signal.wait(self.target, timeout=timeout)
 
     def __repr__(self) -> str:
-        return f"Fence({self.signal.name!r} >= {self.target}, done={self.done()})"
+        try:
+            done = f"done={self.done()}"
+        except TypeError:  # the signal is behind an async read: nothing to look at here
+            done = "behind an async read"
+        return f"Fence({self.signal.name!r} >= {self.target}, {done})"

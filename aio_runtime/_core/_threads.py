@@ -31,7 +31,7 @@ from ._bounds import BoundArgs, resolve_bound
 from ._clock import validate_timeout
 from ._completion import Completion
 from ._ownership import LedgerKind, current_ledger
-from ._waits import wait_complete
+from ._waits import drain, wait_complete
 
 __all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
 
@@ -123,7 +123,7 @@ async def run_in_thread(
     """
     if submitted is not None and worker is None:
         raise ValueError("submitted= is for a call handed to a worker: pass worker= too")
-    bound = resolve_bound(**bounding)
+    bound = resolve_bound("run_in_thread", bounding)
     awaited = bounding["awaited"]
     validate_timeout(drain_timeout, what="drain_timeout")
     done: Completion[T] = Completion()
@@ -150,7 +150,14 @@ async def run_in_thread(
     if worker is not None:
         call = worker.submit(work)
         if submitted is not None:
-            submitted(call)
+            try:
+                submitted(call)
+            except BaseException:
+                if call.withdraw():  # it never runs
+                    ledger.close(entry)
+                else:  # it started: it keeps its inputs until it returns
+                    await drain(done, ask_to_stop, limit=drain_timeout)
+                raise
 
         def withdraw_or_stop() -> None:
             nonlocal withdrawn

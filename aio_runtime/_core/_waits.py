@@ -22,9 +22,10 @@ Entry points, all built on one :class:`WaitBound` and bounded by the same keywor
   word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
   :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters.
-* :class:`WaitBound` — one bound over a sequence of steps (take a lock, write registers, poll a
-  response): create it once, pass ``within=bound`` to the waits of the sequence and run its other
-  steps with :meth:`WaitBound.run`, so the whole sequence shares one deadline and one error.
+* :class:`~aio_runtime.WaitBound` (its own module) — one bound over a sequence of steps (take a
+  lock, write registers, poll a response): create it once, pass ``within=bound`` to the waits of
+  the sequence and run its other steps with ``bound.run``, so the whole sequence shares one
+  deadline and one error.
 * :func:`drain` — what a wait with ``cancel=`` does when it ends early, for an operation nobody
   waits on (a transfer dropped unawaited): ask it to stop, then await its completion, shielded and
   bounded.
@@ -196,7 +197,7 @@ async def wait_complete(
     loop pass) stands: its result is returned, not discarded. What the operation delivers while it is
     being stopped only returns ownership of its buffers; the wait has timed out.
     """
-    bound = resolve_bound(**bounding)
+    bound = resolve_bound("wait_complete", bounding)
     bound.note(bounding["awaited"])
     limit = validate_timeout(drain_timeout, what="drain_timeout")
     assert limit is not None
@@ -267,7 +268,7 @@ async def wait_until(
     """
     if reset_on_progress and bounding.get("within") is not None:
         raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
-    bound = resolve_bound(**bounding)
+    bound = resolve_bound("wait_until", bounding)
     awaited = bounding["awaited"]
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:

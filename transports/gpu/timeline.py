@@ -46,7 +46,9 @@ class ComputeTimeline:
         self.status = status
         self.readiness = readiness
         self.tracker = tracker
-        self.signal = TimelineSignal(read=self._read, name="compute", compare_bits=32, modular=True)
+        self._signal = TimelineSignal(
+            read=self._read, name="compute", compare_bits=32, modular=True
+        )
         """The timeline as the GPU writes it: 32 bits, compared as serial numbers."""
         self.next_value = 1
         """What the next kernel's RELEASE writes (once its submission has rung the doorbell)."""
@@ -69,7 +71,7 @@ class ComputeTimeline:
             # A recovery that has not read the timeline yet (or never did: it failed) lost
             # nothing this kernel did: the device has just been seen to complete it.
             completed = self._completed_at.get(later)
-            if completed is not None and not self.signal.reached(value, completed):
+            if completed is not None and not self._signal.reached(value, completed):
                 raise GpuFault(
                     f"the kernel of timeline {value} was lost to a device recovery",
                     awaited=awaited,
@@ -88,7 +90,7 @@ class ComputeTimeline:
         """The timeline once it has reached ``value``; :class:`GpuFault`, and the queue's
         readiness down, as soon as the device reports its error state ``before`` that."""
         try:
-            return await self.signal.wait(value, timeout=timeout, within=within, awaited=awaited)
+            return await self._signal.wait(value, timeout=timeout, within=within, awaited=awaited)
         except _ErrorState as state:
             self.readiness.mark_down(
                 ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{state.error:x}"
@@ -130,7 +132,7 @@ class ComputeTimeline:
 
     def _retire(self, timeline: int) -> None:
         """The device has finished the lingering kernels up to ``timeline``: release them."""
-        for ended in [v for v in self._lingering if self.signal.reached(v, timeline)]:
+        for ended in [v for v in self._lingering if self._signal.reached(v, timeline)]:
             self.tracker.finish(self._lingering.pop(ended))
 
     def release(self) -> None:

@@ -96,7 +96,11 @@ class SimUsbTransport(TransportBase):
                 return self._result(bound, payload, TransferOutcome.ERROR, detail="not completed")
             return self._result(bound, payload, outcome, done.actual, done.result, done.error)
 
-        self._call(self.bridge.submit, urb)
+        try:
+            self._call(self.bridge.submit, urb)
+        except RuntimeError as exc:  # a threaded simulation that is no longer running
+            ledger.close(entry)
+            raise DeviceLost(f"{bound.awaited}: {exc}", layer=Layer.USB_TRANSFER) from exc
         return UsbTransfer(
             awaited=bound.awaited,
             bound=bound,

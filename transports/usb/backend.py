@@ -1,7 +1,7 @@
 """What every USB backend shares: :class:`TransportBase`, a :class:`~transports.usb.UsbTransport`
 built on one abstract :meth:`~TransportBase._submit`.
 
-It holds the closed and lost states, checks request types, and builds the four transfer calls
+It holds the closed and lost states, checks request types, and builds the transfer calls
 (control OUT and IN, bulk OUT and IN, and ``submit_bulk_out``) on ``_submit``. A backend starts
 one transfer with its library, and reports how it ended as a
 :class:`~transports.usb.base.TransferOutcome` through :meth:`TransportBase._result`, which maps

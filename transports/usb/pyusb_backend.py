@@ -190,8 +190,9 @@ class PyusbTransport(TransportBase):
             for done in running:
                 done.wait(max(0.0, deadline - time.monotonic()))
 
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(wait_all)
+        # (bounded twice over: a thread for the wait may itself be a wait, in anyio's pool)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2 * self.drain_timeout):
+            await anyio.to_thread.run_sync(wait_all, abandon_on_cancel=True)
         if any(not done.is_set() for done in running):
             _log.warning("pyusb calls still running at close; the device is left open")
             return
