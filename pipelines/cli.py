@@ -1,4 +1,9 @@
-"""The ``aio-dms`` command."""
+"""The ``aio-dms`` command.
+
+Signals are handled from the first line of :func:`main` (:mod:`pipelines.stopping`); every
+command ends with an exit code of :class:`~pipelines.exit_codes.ExitCode`; a bad option is one
+line on standard error (exit 2), never a traceback or a usage block.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,19 @@ import argparse
 import json
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn
+
+from .exit_codes import ExitCode
+from .stopping import Interrupted, Stopping
 
 __all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line: what was wrong, no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.REFUSED, f"{self.prog}: {message}\n")
 
 
 def _version() -> str:
@@ -25,18 +41,22 @@ def _model_info(model: str | None) -> int:
         contract = load_contract(model if model is not None else reference_model_path())
     except (ModelContractError, OSError) as exc:
         print(f"aio-dms model-info: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED  # the model was checked, and fails
     print(json.dumps(contract.to_json(), indent=2))
-    return 0
+    return ExitCode.OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def _parser() -> argparse.ArgumentParser:
+    from .dms.run import add_arguments
+
+    parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
+        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed, "
+        "2 refused before work started, 130 a replay interrupted, or a second signal.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser(
         "demo",
         help="a short demonstration of the runtime core: bounded waits, a mailbox timeout, "
@@ -47,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run the DMS service (defaults: synthetic camera, the bundled reference model, "
         "the simulated accelerator)",
     )
-    from .dms.run import add_arguments
-
-    add_arguments(run_parser)
+    add_arguments(run_parser, "run")
+    replay = commands.add_parser(
+        "replay",
+        help="replay a recording or a video through the service as fast as it goes, losing "
+        "nothing: each stage waits for the next, and the sinks for their readers",
+    )
+    replay.add_argument("input", metavar="INPUT", help="a recording of ours or a video file")
+    add_arguments(replay, "replay")
     model_info = commands.add_parser(
         "model-info",
         help="print a DMS model's contract as JSON: inputs with shapes and dtypes, the output, "
@@ -61,19 +86,62 @@ def main(argv: list[str] | None = None) -> int:
         help="an ONNX model with openpilot's driver-monitoring contract (default: the untrained "
         "reference model, built on first use)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _values_may_be_negative(argv: list[str]) -> list[str]:
+    """``--calib -0.1,0,0`` as ``--calib=-0.1,0,0``: a value that begins with ``-`` is the
+    option's value, not another option (argparse takes only plain negative numbers so)."""
+    from .dms.run import single_value_flags
+
+    flags = single_value_flags() | {"--model"}
+    joined: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token in flags:
+            value = next(tokens, None)
+            if value is not None and value.startswith("-") and value not in flags:
+                joined.append(f"{token}={value}")
+                continue
+            joined.append(token)
+            if value is not None:
+                joined.append(value)
+            continue
+        joined.append(token)
+    return joined
+
+
+def main(argv: list[str] | None = None) -> int:
+    stopping = Stopping.install()
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else None
+    try:
+        return _main(argv, stopping)
+    except Interrupted:
+        print("aio-dms: stopped by a signal before it had started", file=sys.stderr)
+        return ExitCode.OK if command == "run" else ExitCode.INTERRUPTED
+
+
+def _main(argv: list[str], stopping: Stopping) -> int:
+    parser = _parser()
+    if not argv:
+        parser.print_usage(sys.stderr)
+        parser.error("a command is required (demo, run, replay or model-info)")
+    args = parser.parse_args(_values_may_be_negative(argv))
     if args.command == "demo":
         from .demo import main as demo_main
 
         return demo_main()
-    if args.command == "run":
-        from .dms.run import run
-
-        return run(args)
     if args.command == "model-info":
         return _model_info(args.model)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+    from .dms.config import Mode
+    from .dms.run import run
+
+    if args.command == "replay":
+        if args.input == "synthetic":
+            parser.error("replay: INPUT is a recording or a video file, not the synthetic camera")
+        return run(args, stopping, camera=args.input, mode=Mode.REPLAY)
+    return run(args, stopping)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,9 @@ from pipelines.dms.faults import FaultSpec
 from pipelines.dms.run import add_arguments, config_from
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aio-dms run")
-    add_arguments(parser)
+def parser(command: str = "run") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"aio-dms {command}")
+    add_arguments(parser, command)
     return parser
 
 
@@ -89,22 +90,28 @@ def test_auto_model_cpus_are_the_last_cpu_for_the_cpu_runner_and_none_elsewhere(
 
 
 def test_every_setting_has_an_option_whose_help_shows_its_default():
-    text = " ".join(parser().format_help().split())  # argparse wraps lines
-    for item, declared in settings():
-        if declared.flag == "":  # set through another's option
-            assert any(item.name in other.together for _, other in settings())
-            continue
-        flag = declared.flag or "--" + item.name.replace("_", "-")
-        assert flag in text, flag
-        assert declared.help
-    assert text.count("(default: ") == sum(1 for _, d in settings() if d.flag != "") + 1
+    for command in ("run", "replay"):
+        text = " ".join(parser(command).format_help().split())  # argparse wraps lines
+        for item, declared in settings():
+            if declared.flag == "":  # set through another's option
+                assert any(item.name in other.together for _, other in settings())
+                continue
+            if not declared.commands:  # the mode: set by the choice of command
+                assert item.name == "mode"
+                continue
+            flag = declared.flag or "--" + item.name.replace("_", "-")
+            shown = re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+            assert shown == (command in declared.commands), (command, flag)
+            assert declared.help
+        taken = sum(1 for _, d in settings() if d.flag != "" and command in d.commands)
+        assert text.count("(default: ") == taken + 1
 
 
 def test_options_given_on_the_command_line_reach_their_settings():
     args = parser().parse_args(
         [
             "--device", "cpu", "--budget", "0.2", "--backoff", "0.2", "3",
-            "--threads", "2", "--health-port", "-5", "--raw-predictions",
+            "--threads", "2", "--health-port", "-1", "--raw-predictions",
             "--faults", "camera-stall@5", "--calib", "0,0,0", "--healthy-after", "2",
         ]
     )  # fmt: skip

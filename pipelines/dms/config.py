@@ -15,21 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
-
+from . import config_values as values
+from .config_values import (
+    Calibration,
+    ModelCpus,
+    Setting,
+    is_loopback,
+    setting,
+    zmq_endpoint_host,
+)
 from .faults import FAULT_NAMES, FaultSpec, parse_faults
 
 __all__ = [
     "CameraFile",
     "CameraSpec",
     "DeviceKind",
+    "Mode",
     "ServiceConfig",
     "Setting",
     "Synthetic",
@@ -37,6 +44,19 @@ __all__ = [
     "setting",
     "settings",
 ]
+
+
+class Mode(enum.StrEnum):
+    """How the service takes its frames, and what its sinks do when a reader is slow."""
+
+    LIVE = "live"
+    """A camera (or a file played as one), paced: frames join the stages latest-frame-wins, each
+    frame's budget starts at its start of frame, and publishing never waits — a sink that cannot
+    keep up drops, counted."""
+    REPLAY = "replay"
+    """A file, as fast as the stages go: each stage waits for the next (no frame dropped), each
+    frame's budget starts when the camera stage hands it on, and sinks apply backpressure —
+    nothing is lost."""
 
 
 class DeviceKind(enum.StrEnum):
@@ -77,53 +97,6 @@ def parse_camera(text: str) -> CameraSpec:
     return Synthetic() if text == "synthetic" else CameraFile(Path(text))
 
 
-Calibration = tuple[float, float, float]
-"""(roll, pitch, yaw), radians."""
-
-
-def _check_calibration(values: Any) -> Calibration:
-    """Three finite numbers (roll, pitch, yaw), or :class:`ValueError` saying so."""
-    try:
-        flat = np.asarray(values, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        flat = np.zeros(0)
-    if flat.size != 3 or not np.isfinite(flat).all():
-        raise ValueError(f"calibration must be 3 finite numbers (roll, pitch, yaw), got {values!r}")
-    return float(flat[0]), float(flat[1]), float(flat[2])
-
-
-def _calibration(text: str) -> Calibration:
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) != 3:
-        raise ValueError(f"calib {text!r}: expected R,P,Y (three numbers)")
-    return _check_calibration(values)
-
-
-ModelCpus = tuple[int, ...] | Literal["auto"] | None
-
-
-def _model_cpus(text: str) -> ModelCpus:
-    if text in ("auto", "none"):
-        return None if text == "none" else "auto"
-    try:
-        return tuple(int(cpu) for cpu in text.split(","))
-    except ValueError:
-        raise ValueError(f"model_cpus: expected auto, none or CPU numbers, got {text!r}") from None
-
-
-def _port(text: str) -> int | None:
-    port = int(text)
-    return None if port < 0 else port  # the command line's "none"
-
-
-def _port_number(value: Any) -> str | None:
-    ok = value is None or (isinstance(value, int) and 0 <= value <= 65535)
-    return None if ok else "must be a port number (0 to 65535, 0: any free port) or None"
-
-
 def _device(text: str) -> DeviceKind:
     try:
         return DeviceKind(text)
@@ -135,64 +108,14 @@ def _device(text: str) -> DeviceKind:
 # --- declarations ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Setting:
-    """How one :class:`ServiceConfig` field is set and checked."""
-
-    help: str
-    parse: Callable[[str], Any] | None = None
-    """The setting's text form (the command line's, or text given to :class:`ServiceConfig`)."""
-    check: Callable[[Any], str | None] | None = None
-    """What is wrong with a value (None: nothing), as ``"must be ..."``."""
-    flag: str | None = None
-    """The command-line flag: ``--<field-name>`` unless given; ``""``: set through another's."""
-    metavar: str | tuple[str, ...] | None = None
-    shown: str | None = None
-    """How ``--help`` shows the default (otherwise the default itself)."""
-    command_line_default: str | None = None
-    """The command line's default, as text, where it differs from the API's."""
-    choices: tuple[str, ...] | None = None
-    together: tuple[str, ...] = ()
-    """Fields set by this one flag, in order (``--backoff FIRST MAX``)."""
-
-    def accept(self, name: str, value: Any) -> Any:
-        """``value`` for the setting ``name``: parsed if given as text, then checked;
-        :class:`ValueError` saying what was expected."""
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if self.parse is not None and isinstance(value, str):
-            try:
-                value = self.parse(value)
-            except ValueError as exc:
-                said = str(exc)
-                raise ValueError(said if said.startswith(name) else f"{name}: {said}") from None
-        problem = None if self.check is None else self.check(value)
-        if problem is not None:
-            raise ValueError(f"{name} {problem}, got {value!r}")
-        return value
+def _camera(value: Any) -> str | None:
+    ok = isinstance(value, (Synthetic, CameraFile))
+    return None if ok else "must be 'synthetic', a video file or a recording"
 
 
-def setting(default: Any, help: str, **how: Any) -> Any:
-    """A :class:`ServiceConfig` field: its default and its :class:`Setting`."""
-    return field(default=default, metadata={"setting": Setting(help, **how)})
-
-
-def _within(low: float, high: float, unit: str = "seconds") -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        ok = isinstance(value, (int, float)) and low < value <= high
-        return None if ok else f"must be in ({low:g}, {high:g}] {unit}"
-
-    return check
-
-
-def _positive(value: Any) -> str | None:
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-    return None if ok else "must be a finite number of seconds > 0"
-
-
-def _at_least_one(value: Any) -> str | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    return None if ok else "must be at least 1 frame"
+def _faults(value: Any) -> str | None:
+    ok = isinstance(value, tuple) and all(isinstance(item, FaultSpec) for item in value)
+    return None if ok else "must be fault specs (NAME@FRAME[+FRAMES], comma-separated)"
 
 
 @dataclass
@@ -203,12 +126,15 @@ class ServiceConfig:
         Synthetic(),
         "synthetic, a video file, or a recording (replayed)",
         parse=parse_camera,
+        check=_camera,
         metavar="synthetic|PATH",
+        commands=("run",),
     )
     model: Path | None = setting(
         None,
         "an ONNX model with openpilot's DMS contract",
         parse=Path,
+        check=values.optional(values.path_value),
         metavar="PATH",
         shown="the bundled, untrained reference model",
     )
@@ -222,147 +148,219 @@ class ServiceConfig:
     budget: float = setting(
         0.050,
         "seconds from start of frame to publication (one frame period at 20 Hz)",
-        parse=float,
-        check=_within(0, 10),
+        parse=values.number,
+        check=values.within(0, 10),
     )
     recover_after: int = setting(
-        3, "good frames in a row before the service is available again", parse=int,
-        check=_at_least_one,
+        3, "good frames in a row before the service is available again", parse=values.integer,
+        check=values.at_least_one,
     )  # fmt: skip
     unavailable_after: int = setting(
         10,
         "frames in a row without a valid output (each only degraded) before the service is "
         "unavailable: degraded is for isolated failures",
-        parse=int,
-        check=_at_least_one,
+        parse=values.integer,
+        check=values.at_least_one,
     )
     gpu_hang_after: float = setting(
         0.1,
         "seconds the accelerator may hold a kernel without completing it before it counts as "
         "hung (unavailable, restarted); also the bound of its kernel waits. A frame that runs "
         "out of budget while the accelerator still makes progress is late (degraded)",
-        parse=float,
-        check=_within(0, 60),
+        parse=values.number,
+        check=values.within(0, 60),
     )
     backoff_initial: float = setting(
         0.1,
         "accelerator restart backoff: the first delay, doubling up to the cap, seconds",
-        parse=float,
-        check=_positive,
+        parse=values.number,
+        check=values.positive,
         flag="--backoff",
         metavar=("FIRST", "MAX"),
         together=("backoff_initial", "backoff_max"),
     )
-    backoff_max: float = setting(5.0, "", parse=float, check=_positive, flag="")
+    backoff_max: float = setting(5.0, "", parse=values.number, check=values.positive, flag="")
     calib: Calibration | None = setting(
         None,
         "a static calibration (roll, pitch, yaw)",
-        parse=_calibration,
+        parse=values.calibration,
         metavar="R,P,Y",
         shown="the synthetic calibration stream",
     )
     calib_stale_after: float = setting(
         2.5,
         "seconds after which calibration is stale (openpilot's rule for a 4 Hz stream)",
-        parse=float,
+        parse=values.number,
+        check=values.positive,
     )
     camera_stall_after: float = setting(
-        0.25, "seconds without a frame before the camera counts as stalled", parse=float
+        0.25,
+        "seconds without a frame before the camera counts as stalled",
+        parse=values.number,
+        check=values.positive,
     )
     health_host: str = setting(
-        "127.0.0.1", "the address of the health and metrics endpoints", metavar="HOST"
+        "127.0.0.1",
+        "the address of the health and metrics endpoints (loopback unless --allow-remote)",
+        check=values.host_value,
+        metavar="HOST",
     )
     health_port: int | None = setting(
         9032,
         "the port of the health and metrics endpoints (0: any free port; -1: none)",
-        parse=_port,
-        check=_port_number,
+        parse=values.port,
+        check=values.port_number,
         metavar="PORT",
     )
     zmq: str | None = setting(
         None,
-        "publish on ZeroMQ PUB (loopback), e.g. tcp://127.0.0.1:9031",
+        "publish on ZeroMQ PUB, e.g. tcp://127.0.0.1:9031 (loopback unless --allow-remote)",
+        check=values.zmq_value,
         metavar="ADDRESS",
         shown="off",
     )
     jsonl: str | None = setting(
         None, "write messages as JSON lines to PATH (-: standard output)", metavar="PATH|-",
-        shown="off",
+        check=values.optional(values.text_value), shown="off",
     )  # fmt: skip
-    raw_predictions: bool = setting(
-        False, "include the model's raw output (rawPredictions)", shown="off"
+    mode: Mode = setting(
+        Mode.LIVE,
+        "live: a camera, paced; replay: a file, as fast as the stages go, nothing lost",
+        parse=Mode,
+        check=lambda value: None if value in tuple(Mode) else "must be 'live' or 'replay'",
+        commands=(),
     )
-    frames: int | None = setting(None, "stop after N frames", parse=int, shown="no limit")
-    duration: float | None = setting(None, "stop after S seconds", parse=float, shown="no limit")
+    no_budget: bool = setting(
+        False,
+        "no frame budget: every frame waits for its output however long it takes (bounded by "
+        "the hardware's own bounds), so a replay's outputs do not depend on the machine's speed",
+        check=values.flag_value,
+        shown="off",
+        commands=("replay",),
+    )
+    allow_remote: bool = setting(
+        False,
+        "let the health endpoints and ZeroMQ listen on addresses beyond this machine",
+        check=values.flag_value,
+        shown="off",
+    )
+    raw_predictions: bool = setting(
+        False,
+        "include the model's raw output (rawPredictions)",
+        check=values.flag_value,
+        shown="off",
+    )
+    frames: int | None = setting(
+        None,
+        "stop after N frames",
+        parse=values.integer,
+        check=values.optional(values.at_least_one),
+        shown="no limit",
+    )
+    duration: float | None = setting(
+        None,
+        "stop after S seconds of taking frames",
+        parse=values.number,
+        check=values.optional(values.positive),
+        shown="no limit",
+    )
     faults: tuple[FaultSpec, ...] = setting(
         (),
         "scripted faults, comma-separated NAME@FRAME[+FRAMES], e.g. gpu-hang@40+20; names: "
         + ", ".join(FAULT_NAMES),
         parse=lambda text: tuple(parse_faults(text)),
+        check=_faults,
         metavar="SPEC",
         shown="none",
     )
-    intra_op_threads: int = setting(1, "onnxruntime intra-op threads", parse=int, flag="--threads")
+    intra_op_threads: int = setting(
+        1,
+        "onnxruntime intra-op threads",
+        parse=values.integer,
+        check=values.threads_value,
+        flag="--threads",
+    )
     model_cpus: ModelCpus = setting(
         None,
         "CPUs for the model's thread (onnxruntime on the CPU), the event loop and the warp kept "
         "off them: a run woken by the loop is otherwise often placed on the loop's own CPU and "
         "holds it off for milliseconds (Linux only). auto: the last CPU with --device cpu, when "
         "there are two or more",
-        parse=_model_cpus,
+        parse=values.model_cpus,
+        check=values.model_cpus_value,
         metavar="auto|none|N,N...",
         shown="none",
         command_line_default="auto",
     )
     model_load_timeout: float = setting(
-        10.0, "seconds to load the model (its contract, its session)", parse=float,
-        check=_positive,
+        10.0, "seconds to load the model (its contract, its session)", parse=values.number,
+        check=values.positive,
     )  # fmt: skip
     device_open_timeout: float = setting(
-        10.0, "seconds to open (boot) an accelerator session", parse=float, check=_positive
+        10.0,
+        "seconds to open (boot) an accelerator session",
+        parse=values.number,
+        check=values.positive,
     )
     fence_timeout: float = setting(
-        1.0, "seconds the accelerator's copy engine may take to take a chunk", parse=float,
-        check=_positive,
+        1.0, "seconds the accelerator's copy engine may take to take a chunk", parse=values.number,
+        check=values.positive,
     )  # fmt: skip
     bulk_timeout: float = setting(
-        1.0, "seconds a USB bulk transfer to the accelerator may take", parse=float,
-        check=_positive,
+        1.0, "seconds a USB bulk transfer to the accelerator may take", parse=values.number,
+        check=values.positive,
     )  # fmt: skip
     warp_plan_timeout: float = setting(
-        10.0, "seconds to plan the cabin cameras' warps as the service starts", parse=float,
-        check=_positive,
+        10.0, "seconds to plan the cabin cameras' warps as the service starts", parse=values.number,
+        check=values.positive,
     )  # fmt: skip
     healthy_after: float = setting(
         1.0,
         "seconds an accelerator session must stay up for its failure to restart the backoff "
         "from its first delay",
-        parse=float,
-        check=_positive,
+        parse=values.number,
+        check=values.positive,
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.faults, list):
+            self.faults = tuple(self.faults)
         for item, declared in settings():
             setattr(self, item.name, declared.accept(item.name, getattr(self, item.name)))
+        for what, host in (("health_host", self.health_host), ("zmq", self._zmq_host())):
+            if host is not None and not self.allow_remote and not is_loopback(host):
+                raise ValueError(
+                    f"{what} {getattr(self, what)!r} is not a loopback address: refused unless "
+                    "allow_remote (--allow-remote) is set"
+                )
         if self.calib is not None:
-            self.calib = _check_calibration(self.calib)
+            self.calib = values.check_calibration(self.calib)
         if self.backoff_max < self.backoff_initial:
             raise ValueError(
                 f"backoff_max must be at least backoff_initial ({self.backoff_initial}), "
                 f"got {self.backoff_max}"
             )
+        if self.no_budget and self.mode is not Mode.REPLAY:
+            raise ValueError("no_budget is for replays (mode 'replay', aio-dms replay)")
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
             raise ValueError("accelerator faults need --device sim")
 
+    def _zmq_host(self) -> str | None:
+        return None if self.zmq is None else zmq_endpoint_host(self.zmq)
+
     def check_environment(self) -> None:
-        """What depends on the machine: the camera file exists; the model's CPUs are CPUs this
+        """What depends on the machine: the camera and model files exist and can be read; the
+        JSON lines file can be written (its directory exists); the model's CPUs are CPUs this
         process may use, with one left for the event loop. :class:`ValueError` saying what was
-        expected."""
-        if isinstance(self.camera, CameraFile) and not self.camera.path.is_file():
-            raise ValueError(
-                f"camera {str(self.camera)!r}: no such file (expected 'synthetic', a video file "
-                "or a recording)"
+        expected. (A port in use is found as the service binds it.)"""
+        if isinstance(self.camera, CameraFile):
+            values.readable_file(
+                "camera", self.camera.path, "expected 'synthetic', a video file or a recording"
             )
+        if self.model is not None:
+            values.readable_file("model", self.model, "expected an ONNX model file")
+        if self.jsonl is not None and self.jsonl != "-":
+            values.writable_file("jsonl", Path(self.jsonl))
         self.placed_cpus()
 
     def placed_cpus(self) -> frozenset[int] | None:

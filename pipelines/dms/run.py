@@ -1,42 +1,55 @@
-"""``aio-dms run``: the DMS service from the command line, with a summary at the end."""
+"""``aio-dms run`` (and ``aio-dms replay``): the DMS service from the command line, with a summary
+at the end and the exit codes of :class:`~pipelines.exit_codes.ExitCode`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
-import signal
 import sys
+from collections.abc import AsyncIterable
 from typing import Any
 
 import anyio
 
 from aio_runtime import configure_logging
 
-from .config import ServiceConfig, Setting, settings
-from .service import DmsService, Summary
+from ..exit_codes import ExitCode
+from ..stopping import Interrupted, Stopping
+from .camera import Frame
+from .config import Mode, ServiceConfig, Setting, settings
+from .service import DmsService, StartupError, Summary
 
-__all__ = ["add_arguments", "config_from", "format_summary", "run"]
+__all__ = [
+    "add_arguments",
+    "config_from",
+    "flag_of",
+    "format_summary",
+    "run",
+    "single_value_flags",
+]
 
 _DEFAULTS = ServiceConfig()
-_METAVARS: dict[object, str] = {float: "SECONDS", int: "N"}
+_METAVARS: dict[str, str] = {"number": "SECONDS", "integer": "N"}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``aio-dms run``'s options: one per setting of the service (generated from its
-    declaration, its default shown), and the log format."""
+def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None:
+    """``aio-dms COMMAND``'s options: one per setting of the service that the command takes
+    (generated from its declaration, its default shown), and the log format."""
     for item, declared in settings():
         flag = _flag(item, declared)
-        if not flag:
-            continue  # set through another setting's flag
+        if not flag or command not in declared.commands:
+            continue  # set through another setting's flag, or not by this command
         text = f"{declared.help} (default: {_shown(item, declared)})"
         if isinstance(item.default, bool):
             parser.add_argument(flag, dest=item.name, action="store_true", help=text)
             continue
+        parse = getattr(declared.parse, "__name__", "")
         parser.add_argument(
             flag,
             dest=item.name,
             default=declared.command_line_default,
-            metavar=declared.metavar or _METAVARS.get(declared.parse, None),
+            metavar=declared.metavar or _METAVARS.get(parse),
             choices=declared.choices,
             nargs=len(declared.together) if declared.together else None,
             help=text,
@@ -49,9 +62,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from(args: argparse.Namespace) -> ServiceConfig:
-    """The config the parsed options say (the ones not given keep their defaults);
-    :class:`ValueError` for a value that does not parse or check."""
+def single_value_flags() -> set[str]:
+    """The flags of ``run`` and ``replay`` that take one value (which may begin with ``-``)."""
+    flags = {"--log-format"}
+    for item, declared in settings():
+        if not isinstance(item.default, bool) and not declared.together:
+            flags.add(_flag(item, declared))
+    return flags - {""}
+
+
+def config_from(args: argparse.Namespace, **fixed: Any) -> ServiceConfig:
+    """The config the parsed options say (the ones not given keep their defaults; ``fixed``:
+    settings the command sets itself); :class:`ValueError` for a value that does not parse or
+    check."""
     given: dict[str, Any] = {}
     for item, declared in settings():
         value = getattr(args, item.name, None)
@@ -61,11 +84,19 @@ def config_from(args: argparse.Namespace) -> ServiceConfig:
             given.update(zip(declared.together, value, strict=True))
         else:
             given[item.name] = value
-    return ServiceConfig(**given)
+    return ServiceConfig(**given, **fixed)
 
 
 def _flag(item: dataclasses.Field[Any], declared: Setting) -> str:
     return declared.flag if declared.flag is not None else "--" + item.name.replace("_", "-")
+
+
+def flag_of(setting_name: str) -> str | None:
+    """The command-line flag that sets ``setting_name`` (None: no flag does)."""
+    for item, declared in settings():
+        if item.name == setting_name or setting_name in declared.together:
+            return _flag(item, declared) or None
+    return None
 
 
 def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
@@ -77,11 +108,11 @@ def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
     return " ".join(str(value) for value in defaults)
 
 
-def format_summary(summary: Summary) -> str:
+def format_summary(summary: Summary, *, stopped: str | None = None) -> str:
     frames = summary.frames
     lines = [
         "",
-        "summary",
+        "summary" + (f" (stopped: {stopped})" if stopped else ""),
         f"  frames received      {frames.received}",
         f"  published valid      {frames.valid}",
         f"  published invalid    {sum(frames.invalid.values())}",
@@ -103,34 +134,67 @@ def format_summary(summary: Summary) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, *, out: Any = None) -> int:
+@dataclasses.dataclass
+class _Ended:
+    summary: Summary
+    stopped: bool
+    """A signal (or a closed standard output) stopped it before it ended by itself."""
+
+
+async def _serve(
+    config: ServiceConfig, stopping: Stopping, source: AsyncIterable[Frame] | None
+) -> _Ended:
+    service = DmsService(config, source=source)
+    loop = asyncio.get_running_loop()  # the command line runs on asyncio
+    scope = anyio.CancelScope()
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(scope.cancel)
+
+    with stopping.calling(stop):
+        with scope:
+            async with service:
+                await service.finished()
+    return _Ended(service.summary, scope.cancelled_caught or stopping.requested)
+
+
+def run(
+    args: argparse.Namespace,
+    stopping: Stopping,
+    *,
+    source: AsyncIterable[Frame] | None = None,
+    **fixed: Any,
+) -> int:
+    """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
+    the summary at the end, on standard output (standard error when the messages go there);
+    the exit code."""
+    command = f"aio-dms {args.command}"
     configure_logging(args.log_format, stream=sys.stderr)
     try:
-        config = config_from(args)
+        config = config_from(args, **fixed)
         config.check_environment()
     except ValueError as exc:
-        print(f"aio-dms run: {exc}", file=sys.stderr)
-        return 2
-
-    async def main() -> Summary:
-        async with DmsService(config) as service:
-            async with anyio.create_task_group() as tg:
-
-                async def stop_on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            tg.cancel_scope.cancel()
-                            return
-
-                tg.start_soon(stop_on_signal)
-                await service.finished()
-                tg.cancel_scope.cancel()
-            return service.summary
-
-    summary = anyio.run(main)
+        print(f"{command}: {exc}", file=sys.stderr)
+        return ExitCode.REFUSED
+    out = sys.stderr if config.jsonl == "-" else sys.stdout
+    try:
+        ended = anyio.run(_serve, config, stopping, source)
+    except StartupError as exc:
+        flag = flag_of(exc.setting) if exc.setting else None
+        print(f"{command}: {exc}" + (f" [{flag}]" if flag else ""), file=sys.stderr)
+        return ExitCode.REFUSED
+    except Interrupted:
+        print(f"{command}: stopped by a signal before the service had started", file=sys.stderr)
+        return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
+    summary = ended.summary
     summary.frames.check()
-    print(format_summary(summary), file=out or sys.stdout)
+    print(format_summary(summary, stopped="signal" if ended.stopped else None), file=out)
+    if ended.stopped:
+        return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
     if summary.camera_error is not None:
-        print(f"aio-dms run: the camera failed: {summary.camera_error}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"{command}: the camera failed: {summary.camera_error}", file=sys.stderr)
+        return ExitCode.FAILED
+    if summary.frames.valid == 0:
+        print(f"{command}: not one frame was valid", file=sys.stderr)
+        return ExitCode.FAILED
+    return ExitCode.OK

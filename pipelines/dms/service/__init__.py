@@ -40,8 +40,9 @@ from ._outcomes import FrameOutcomes, Summary
 from ._platform import loop_kept_off
 from ._policy import FramePolicy
 from ._stages import Camera, Decode, Model, Warp, Warpers, plan_warps, run_stages
+from ._startup import StartupError, describe, startup_error
 
-__all__ = ["DmsService", "Summary"]
+__all__ = ["DmsService", "StartupError", "Summary"]
 
 
 class DmsService:
@@ -89,11 +90,26 @@ class DmsService:
         return self.outcomes.summary
 
     async def __aenter__(self) -> DmsService:
-        self.config.check_environment()
-        self.outcomes.open_sinks(zmq=self.config.zmq, jsonl=self.config.jsonl)
+        """Start: check the machine's side of the config, open the sinks, bind the health port,
+        load the model — then take frames. :class:`StartupError` for the first that fails."""
+        cfg = self.config
+        try:
+            cfg.check_environment()
+            self.outcomes.open_sinks(zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote)
+        except (ValueError, OSError) as exc:
+            raise StartupError(describe(exc)) from exc
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._tg.start_soon(self._run)
+        try:
+            await self._tg.start(self._run)
+        except BaseException as exc:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self.outcomes.close_sinks()
+            found = startup_error(exc)
+            if found is None:
+                raise
+            raise found.with_traceback(None) from found.__cause__
         return self
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
@@ -122,13 +138,16 @@ class DmsService:
         state, layers = self.availability.state, readiness_record(self.device.readiness)
         return HealthState(state.availability, state.reason, layers)
 
-    async def _run(self) -> None:
+    async def _run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         cfg, outcomes, policy = self.config, self.outcomes, self.policy
         model_cpus = cfg.placed_cpus()
         try:
             with loop_kept_off(model_cpus) as loop_cpus:
                 async with anyio.create_task_group() as services:
                     warpers = await self._start(services, model_cpus)
+                    task_status.started()
                     camera = Camera(
                         cfg.camera if self._source is None else self._source,
                         limits=cfg,
@@ -164,12 +183,27 @@ class DmsService:
         services.start_soon(self.outcomes.follow_availability)
         if cfg.health_port is not None:
             app = create_app(self.health, self.metrics)
-            health = functools.partial(serve, app, host=cfg.health_host, port=cfg.health_port)
-            self.health_port = await services.start(health)
+            health = functools.partial(
+                serve, app, host=cfg.health_host, port=cfg.health_port, allow_remote=True
+            )
+            try:
+                self.health_port = await services.start(health)
+            except OSError as exc:
+                raise StartupError(
+                    f"health endpoints on {cfg.health_host} port {cfg.health_port}: "
+                    f"{describe(exc)} (choose another port, 0 for any free one, or none)",
+                    setting="health_port",
+                ) from exc
         if cfg.calib is None:
             stream = self._calibration_stream or SyntheticCalibration()
             services.start_soon(self._calibration.follow, stream)
-        services.start_soon(self.device.serve, model_cpus)
+        try:
+            await services.start(self.device.serve, model_cpus)
+        except Exception as exc:
+            model_name = "the model" if cfg.model else "the reference model"
+            raise StartupError(
+                f"could not load {model_name}: {describe(exc)}", setting="model"
+            ) from exc
         # One warper per geometry, the cabin cameras' planned before the first frame: a
         # resolution change mid-stream then costs no frame its budget.
         warpers = await run_in_thread(

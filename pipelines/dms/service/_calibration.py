@@ -16,7 +16,7 @@ import numpy as np
 from aio_runtime import Reason
 
 from ..camera_sources import CalibrationSample, closing
-from ..config import Calibration
+from ..config_values import Calibration
 
 __all__ = ["Calibrated", "CalibrationState"]
 

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import anyio
+import anyio.abc
 
 from aio_runtime import AvailabilityMachine, Backoff, Readiness, Supervisor
 
@@ -89,9 +90,15 @@ class ModelDevice:
             return self._why_none
         return f"the {self._name} is restarting ({self.availability.state.reason})"
 
-    async def serve(self, model_cpus: frozenset[int] | None = None) -> None:
+    async def serve(
+        self,
+        model_cpus: frozenset[int] | None = None,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Open the device (``model_cpus``: a CPU runner's thread's CPUs) and keep a session open
-        until cancelled."""
+        until cancelled. Started (``task_status``) once the model is loaded and its contract read:
+        what fails before that is raised to whoever started it."""
         opened = open_device(
             self.config, plan=self.plan, transport=self._transport, model_cpus=model_cpus
         )
@@ -99,6 +106,7 @@ class ModelDevice:
             self.decoder = Decoder(device.contract.output_slices)
             self._name = device.name
             self._why_none = f"opening the {device.name}"
+            task_status.started()
             if not device.restartable:  # it never fails: open until the service stops
                 async with self._session(device) as session:
                     await session.failed()

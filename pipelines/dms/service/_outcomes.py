@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from zmq import ZMQError
 
 from aio_runtime import AvailabilityMachine, Readiness, ReadinessLayer, Reason, get_logger
 
@@ -78,10 +79,16 @@ class FrameOutcomes:
         self._newest_sof: int | None = None
         """The newest frame's start of frame (ns)."""
 
-    def open_sinks(self, *, zmq: str | None = None, jsonl: str | None = None) -> None:
-        """Publish on ZeroMQ and as JSON lines too (each if given)."""
+    def open_sinks(
+        self, *, zmq: str | None = None, jsonl: str | None = None, allow_remote: bool = False
+    ) -> None:
+        """Publish on ZeroMQ and as JSON lines too (each if given); :class:`OSError` for one
+        that cannot be opened (its address in use, its file not writable)."""
         if zmq:
-            self._sinks.append(ZmqSink(zmq))
+            try:
+                self._sinks.append(ZmqSink(zmq, allow_remote=allow_remote))
+            except ZMQError as exc:
+                raise OSError(f"zmq {zmq}: {exc} (choose another address)") from exc
         if jsonl:
             self._sinks.append(JsonLinesSink(jsonl))
 

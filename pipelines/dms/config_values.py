@@ -1,0 +1,284 @@
+"""How a setting of the service is declared (:class:`Setting`, :func:`setting`), and the text
+forms and checks the settings use (:mod:`pipelines.dms.config` declares which setting uses which).
+
+A text form turns what a user typed into a value, or raises :class:`ValueError` saying what was
+expected. A check says what is wrong with a value (None: nothing) as ``"must be ..."``; it is pure.
+The file checks (:func:`readable_file`, :func:`writable_file`) ask the machine, and are for
+:meth:`~pipelines.dms.config.ServiceConfig.check_environment` only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "Calibration",
+    "ModelCpus",
+    "Setting",
+    "at_least_one",
+    "calibration",
+    "check_calibration",
+    "flag_value",
+    "host_value",
+    "integer",
+    "is_int",
+    "is_loopback",
+    "is_number",
+    "model_cpus",
+    "model_cpus_value",
+    "number",
+    "optional",
+    "path_value",
+    "port",
+    "port_number",
+    "positive",
+    "setting",
+    "readable_file",
+    "text_value",
+    "threads_value",
+    "within",
+    "writable_file",
+    "zmq_endpoint_host",
+    "zmq_value",
+]
+
+Calibration = tuple[float, float, float]
+"""(roll, pitch, yaw), radians."""
+
+
+def check_calibration(values: Any) -> Calibration:
+    """Three finite numbers (roll, pitch, yaw), or :class:`ValueError` saying so."""
+    try:
+        flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        flat = np.zeros(0)
+    if flat.size != 3 or not np.isfinite(flat).all():
+        raise ValueError(f"calibration must be 3 finite numbers (roll, pitch, yaw), got {values!r}")
+    return float(flat[0]), float(flat[1]), float(flat[2])
+
+
+def calibration(text: str) -> Calibration:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3:
+        raise ValueError(f"calib {text!r}: expected R,P,Y (three numbers)")
+    return check_calibration(values)
+
+
+ModelCpus = tuple[int, ...] | Literal["auto"] | None
+
+
+def model_cpus(text: str) -> ModelCpus:
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        return tuple(int(cpu) for cpu in text.split(","))
+    except ValueError:
+        raise ValueError(f"model_cpus: expected auto, none or CPU numbers, got {text!r}") from None
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+
+
+def port(text: str) -> int | None:
+    port = integer(text)
+    return None if port == -1 else port  # the command line's "none"
+
+
+def port_number(value: Any) -> str | None:
+    ok = value is None or (is_int(value) and 0 <= value <= 65535)
+    return None if ok else "must be a port number (0 to 65535, 0: any free port; -1: none)"
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address, or ``localhost``) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_value(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "must be an IP address or 'localhost'"
+    try:
+        ok = value == "localhost" or bool(ipaddress.ip_address(value))
+    except ValueError:
+        ok = False
+    return None if ok else "must be an IP address or 'localhost'"
+
+
+_ZMQ_ENDPOINT = "tcp://HOST:PORT (PORT 1 to 65535, or * for any), ipc://PATH or inproc://NAME"
+
+
+def zmq_endpoint_host(address: str) -> str | None:
+    """The host a ZeroMQ endpoint binds (None for ``ipc://`` and ``inproc://``, which stay on
+    this machine); :class:`ValueError` for an endpoint that is not ``tcp://HOST:PORT`` (PORT 1 to
+    65535, or ``*`` for any free one), ``ipc://PATH`` or ``inproc://NAME``."""
+    expected = f"expected {_ZMQ_ENDPOINT}"
+    scheme, sep, rest = address.partition("://")
+    if not sep or not rest:
+        raise ValueError(f"{expected}, got {address!r}")
+    if scheme in ("ipc", "inproc"):
+        return None
+    host, colon, port = rest.rpartition(":")
+    if scheme != "tcp" or not colon or host_value(host.strip("[]")) is not None:
+        raise ValueError(f"{expected}, got {address!r}")
+    if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{expected}, got {address!r}")
+    return host.strip("[]")
+
+
+def zmq_value(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        zmq_endpoint_host(value)
+    except (ValueError, AttributeError):
+        return f"must be a ZeroMQ endpoint, {_ZMQ_ENDPOINT}"
+    return None
+
+
+def within(low: float, high: float, unit: str = "seconds") -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = is_number(value) and low < value <= high
+        return None if ok else f"must be in ({low:g}, {high:g}] {unit}"
+
+    return check
+
+
+def positive(value: Any) -> str | None:
+    ok = is_number(value) and math.isfinite(value) and value > 0
+    return None if ok else "must be a finite number of seconds > 0"
+
+
+def at_least_one(value: Any) -> str | None:
+    ok = is_int(value) and value >= 1
+    return None if ok else "must be at least 1 frame"
+
+
+def optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    return lambda value: None if value is None else check(value)
+
+
+def threads_value(value: Any) -> str | None:
+    ok = is_int(value) and 1 <= value <= 256
+    return None if ok else "must be a whole number of threads from 1 to 256"
+
+
+def flag_value(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be True or False"
+
+
+def path_value(value: Any) -> str | None:
+    return None if isinstance(value, Path) else "must be a path"
+
+
+def text_value(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else "must be a path (or -)"
+
+
+def model_cpus_value(value: Any) -> str | None:
+    ok = (
+        value is None
+        or value == "auto"
+        or (
+            isinstance(value, tuple)
+            and bool(value)
+            and all(is_int(cpu) and cpu >= 0 for cpu in value)
+        )
+    )
+    return None if ok else "must be 'auto', None or CPU numbers"
+
+
+def readable_file(what: str, path: Path, expected: str) -> None:
+    if not path.is_file():
+        raise ValueError(f"{what} {str(path)!r}: no such file ({expected})")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{what} {str(path)!r}: cannot be read (permission denied)")
+
+
+def writable_file(what: str, path: Path) -> None:
+    directory = path.parent
+    if path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a directory (expected a file to write)")
+    if not directory.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: no such directory {str(directory)!r}")
+    target = path if path.exists() else directory
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"{what} {str(path)!r}: cannot be written (permission denied)")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one :class:`ServiceConfig` field is set and checked."""
+
+    help: str
+    parse: Callable[[str], Any] | None = None
+    """The setting's text form (the command line's, or text given to :class:`ServiceConfig`)."""
+    check: Callable[[Any], str | None] | None = None
+    """What is wrong with a value (None: nothing), as ``"must be ..."``."""
+    flag: str | None = None
+    """The command-line flag: ``--<field-name>`` unless given; ``""``: set through another's."""
+    metavar: str | tuple[str, ...] | None = None
+    shown: str | None = None
+    """How ``--help`` shows the default (otherwise the default itself)."""
+    command_line_default: str | None = None
+    """The command line's default, as text, where it differs from the API's."""
+    choices: tuple[str, ...] | None = None
+    together: tuple[str, ...] = ()
+    """Fields set by this one flag, in order (``--backoff FIRST MAX``)."""
+    commands: tuple[str, ...] = ("run", "replay")
+    """The commands that take the flag."""
+
+    def accept(self, name: str, value: Any) -> Any:
+        """``value`` for the setting ``name``: parsed if given as text, then checked;
+        :class:`ValueError` saying what was expected."""
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if self.parse is not None and isinstance(value, str):
+            try:
+                value = self.parse(value)
+            except ValueError as exc:
+                said = str(exc)
+                raise ValueError(said if said.startswith(name) else f"{name}: {said}") from None
+        problem = None if self.check is None else self.check(value)
+        if problem is not None:
+            raise ValueError(f"{name} {problem}, got {value!r}")
+        return value
+
+
+def setting(default: Any, help: str, **how: Any) -> Any:
+    """A :class:`ServiceConfig` field: its default and its :class:`Setting`."""
+    return field(default=default, metadata={"setting": Setting(help, **how)})

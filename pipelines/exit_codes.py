@@ -1,0 +1,24 @@
+"""The exit codes of every ``aio-dms`` command, defined once (the README's table is this one)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ExitCode"]
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    """Success — including a ``run`` stopped by a signal (or its standard output closed by the
+    reader), whatever it had published by then."""
+    FAILED = 1
+    """A run that ended by itself and failed: the camera failed, a file sink failed, or not one
+    frame was valid."""
+    REFUSED = 2
+    """Usage, config or environment refused before work started (one line on standard error)."""
+    DIFFERS = 3
+    """Compared, and differs beyond tolerance."""
+    SOME_FAILED = 4
+    """Some inputs of a batch failed."""
+    INTERRUPTED = 130
+    """A ``replay`` (or a batch) interrupted before it completed; and any second signal."""

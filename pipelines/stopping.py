@@ -1,0 +1,82 @@
+"""Stopping a command at any moment: SIGINT and SIGTERM, from the moment ``aio-dms`` starts.
+
+:class:`Stopping` is installed first thing. The first signal stops the command: before its event
+loop runs, by raising :class:`Interrupted` where the command is (importing, parsing, loading);
+while the loop runs, by calling what the command registered (:meth:`Stopping.calling`), which
+cancels its work so that it ends with its summary. A second signal ends the process at once,
+exit code 130, without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+from .exit_codes import ExitCode
+
+__all__ = ["Interrupted", "Stopping"]
+
+
+class Interrupted(BaseException):
+    """A signal stopped the command before its work had begun (a ``BaseException``, as
+    ``KeyboardInterrupt`` is: nothing should catch it on the way)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Stopping:
+    """The command's signal handling: see the module docstring."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signals = 0
+        """Signals received so far."""
+        self._on_signal: Callable[[], None] | None = None
+
+    @classmethod
+    def install(cls) -> Stopping:
+        """Handle SIGINT and SIGTERM from now on (the main thread only)."""
+        stopping = cls()
+        for signum in cls.SIGNALS:
+            signal.signal(signum, stopping._handle)
+        return stopping
+
+    @property
+    def requested(self) -> bool:
+        return self.signals > 0
+
+    def request(self) -> None:
+        """Stop as a first signal would (a closed standard output does this)."""
+        self._handle(0, None)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(ExitCode.INTERRUPTED)
+        if self._on_signal is not None:
+            self._on_signal()
+        elif signum:
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def calling(self, on_signal: Callable[[], None]) -> Iterator[None]:
+        """While the block runs, the first signal calls ``on_signal`` (from the signal handler:
+        it must only schedule the stop, e.g. ``loop.call_soon_threadsafe(scope.cancel)``). A
+        signal that came before the block is passed on at once."""
+        self._on_signal = on_signal
+        try:
+            if self.signals:
+                on_signal()
+            yield
+        finally:
+            self._on_signal = None
