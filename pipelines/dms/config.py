@@ -97,6 +97,13 @@ def parse_camera(text: str) -> CameraSpec:
     return Synthetic() if text == "synthetic" else CameraFile(Path(text))
 
 
+def _mode(text: str) -> Mode:
+    try:
+        return Mode(text)
+    except ValueError:
+        raise ValueError(f"mode must be 'live' or 'replay', got {text!r}") from None
+
+
 def _device(text: str) -> DeviceKind:
     try:
         return DeviceKind(text)
@@ -226,7 +233,7 @@ class ServiceConfig:
     mode: Mode = setting(
         Mode.LIVE,
         "live: a camera, paced; replay: a file, as fast as the stages go, nothing lost",
-        parse=Mode,
+        parse=_mode,
         check=lambda value: None if value in tuple(Mode) else "must be 'live' or 'replay'",
         commands=(),
     )

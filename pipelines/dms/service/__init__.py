@@ -180,7 +180,6 @@ class DmsService:
         """Start what runs beside the frames; return the warpers, once there is a model to run
         frames (or it takes too long to come up: its frames then say so)."""
         cfg = self.config
-        services.start_soon(self.outcomes.follow_availability)
         if cfg.health_port is not None:
             app = create_app(self.health, self.metrics)
             health = functools.partial(
@@ -204,6 +203,7 @@ class DmsService:
             raise StartupError(
                 f"could not load {model_name}: {describe(exc)}", setting="model"
             ) from exc
+        services.start_soon(self.outcomes.follow_availability)
         # One warper per geometry, the cabin cameras' planned before the first frame: a
         # resolution change mid-stream then costs no frame its budget.
         warpers = await run_in_thread(

@@ -1,0 +1,211 @@
+"""Every option and every config value is checked before work starts: a bad one is one line on
+standard error, exit code 2, no traceback (design C10).
+
+The tables are keyed by the options and fields the declarations generate: an option or a field
+without bad values of its own fails the test that walks them, so a new setting comes with its
+bad inputs. The command line is driven in-process through ``main(argv)``; a handful of real
+processes show that nothing else escapes either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import _parser, main
+from pipelines.dms.config import ServiceConfig
+from pipelines.exit_codes import ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Placeholders filled in per test: {missing} a path that does not exist, {dir} a directory,
+# {garbage} a file that is no model, no video and no recording.
+BAD_OPTIONS: dict[str, list[list[str]]] = {
+    "--camera": [[""], ["{missing}"], ["{dir}"]],
+    "--model": [["{missing}"], ["{dir}"], ["{garbage}"]],
+    "--device": [["gpu"], [""], ["CPU"]],
+    "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"]],
+    "--recover-after": [["0"], ["-1"], ["1.5"], ["abc"]],
+    "--unavailable-after": [["0"], ["-3"], ["2.5"], ["x"]],
+    "--gpu-hang-after": [["0"], ["-0.1"], ["nan"], ["61"], ["x"]],
+    "--backoff": [["5", "1"], ["0", "1"], ["nan", "1"], ["1", "inf"], ["-1", "2"], ["a", "b"],
+                  ["1"]],
+    "--calib": [["1,2"], ["a,b,c"], ["nan,0,0"], ["-0.1,0.05"], ["0,0,inf"], [""]],
+    "--calib-stale-after": [["nan"], ["0"], ["-1"], ["inf"], ["x"]],
+    "--camera-stall-after": [["nan"], ["0"], ["-1"], ["inf"], ["x"]],
+    "--health-host": [["0.0.0.0"], ["example.com"], [""], ["999.1.1.1"], ["::"]],
+    "--health-port": [["70000"], ["-5"], ["x"], ["1.5"], ["65536"]],
+    "--zmq": [["garbage"], ["tcp://127.0.0.1:99999"], ["tcp://10.1.2.3:5000"],
+              ["udp://127.0.0.1:5"], ["tcp://127.0.0.1"], ["tcp://127.0.0.1:0"], [""]],
+    "--jsonl": [["{missing}/out.jsonl"], ["{dir}"], [""]],
+    "--allow-remote": [["=yes"]],
+    "--raw-predictions": [["=1"]],
+    "--no-budget": [["=on"]],
+    "--frames": [["0"], ["-1"], ["x"], ["1.5"]],
+    "--duration": [["0"], ["-1"], ["nan"], ["inf"], ["x"]],
+    "--faults": [["gpu-melt@3"], ["gpu-hang"], ["gpu-hang@x"], ["gpu-hang@3+0"], ["@3"]],
+    "--threads": [["0"], ["-1"], ["257"], ["x"]],
+    "--model-cpus": [["1;2"], ["99999"], ["-1"], [""]],
+    "--model-load-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
+    "--device-open-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
+    "--fence-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
+    "--bulk-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
+    "--warp-plan-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
+    "--healthy-after": [["0"], ["-1"], ["nan"], ["inf"]],
+    "--log-format": [["xml"], [""]],
+}  # fmt: skip
+
+# Through the Python API: values of the wrong type or out of range, for every field.
+BAD_FIELDS: dict[str, list[object]] = {
+    "camera": ["", 5, None],
+    "model": [5, b"x.onnx"],
+    "device": ["gpu", 3, None],
+    "budget": [0.0, -1.0, float("nan"), float("inf"), "x", True, None],
+    "recover_after": [0, -1, 1.5, True, "x"],
+    "unavailable_after": [0, 2.5, False, None],
+    "gpu_hang_after": [0.0, 61.0, float("nan"), None],
+    "backoff_initial": [0.0, float("inf"), -1.0, None],
+    "backoff_max": [0.0, float("nan"), None],
+    "calib": [(0.0, 1.0), (float("nan"), 0.0, 0.0), "a,b,c", 5],
+    "calib_stale_after": [0.0, float("nan"), -1.0, None],
+    "camera_stall_after": [0.0, float("inf"), None],
+    "health_host": ["0.0.0.0", "example.com", 5, None],
+    "health_port": [70000, -5, 1.5, True, "x"],
+    "zmq": ["garbage", "tcp://127.0.0.1:99999", "tcp://10.1.2.3:5", 5],
+    "jsonl": ["", 5],
+    "mode": ["fast", None],
+    "no_budget": ["yes", None],
+    "allow_remote": ["yes", 1, None],
+    "raw_predictions": ["yes", None],
+    "frames": [0, -1, 1.5, True, "x"],
+    "duration": [0.0, -1.0, float("nan"), float("inf"), "x"],
+    "faults": [None, "gpu-melt@3", [1, 2], 5],
+    "intra_op_threads": [0, 257, 1.5, None],
+    "model_cpus": ["1;2", (), (-1,), 5],
+    "model_load_timeout": [0.0, float("nan"), None],
+    "device_open_timeout": [0.0, -1.0, None],
+    "fence_timeout": [0.0, float("inf"), None],
+    "bulk_timeout": [-1.0, None],
+    "warp_plan_timeout": [0.0, None],
+    "healthy_after": [0.0, float("nan"), None],
+}
+
+
+def _options(command: str) -> dict[str, argparse.Action]:
+    commands = next(
+        action for action in _parser()._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    parser = commands.choices[command]
+    return {
+        flag: action
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+
+
+def _argv(command: str, flag: str, values: list[str], paths: dict[str, str]) -> list[str]:
+    values = [value.format(**paths) for value in values]
+    head = [command, "in.dmsrec"] if command == "replay" else [command]
+    if values and values[0].startswith("="):
+        return [*head, flag + values[0], *values[1:]]
+    return [*head, flag, *values]
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> dict[str, str]:
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"no model, no video, no recording")
+    (tmp_path / "in.dmsrec").write_bytes(b"")
+    return {"missing": str(tmp_path / "missing"), "dir": str(tmp_path), "garbage": str(garbage)}
+
+
+def _cases() -> list[tuple[str, str, list[str]]]:
+    return [
+        (command, flag, values)
+        for command in ("run", "replay")
+        for flag in _options(command)
+        for values in BAD_OPTIONS.get(flag, [])
+    ]
+
+
+def test_every_option_of_every_command_has_bad_values_in_the_table():
+    for command in ("run", "replay"):
+        missing = sorted(set(_options(command)) - set(BAD_OPTIONS))
+        assert not missing, f"{command}: options without bad values: {missing}"
+        assert all(BAD_OPTIONS[flag] for flag in _options(command))
+
+
+def test_every_config_field_has_bad_values_in_the_table():
+    fields = {item.name for item in dataclasses.fields(ServiceConfig)}
+    assert fields == set(BAD_FIELDS), sorted(fields ^ set(BAD_FIELDS))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("command", "flag", "values"), _cases(), ids=lambda v: str(v))
+def test_a_bad_option_is_one_line_and_exit_code_2(command, flag, values, paths, capsys, monkeypatch):
+    monkeypatch.chdir(paths["dir"])
+    argv = _argv(command, flag, values, paths)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusals exit
+        code = exc.code
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert code == ExitCode.REFUSED, (argv, captured.err)
+    assert len(lines) == 1 and lines[0].startswith("aio-dms"), (argv, captured.err)
+    assert "Traceback" not in captured.err and not captured.out
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, values in BAD_FIELDS.items() for value in values],
+    ids=lambda v: repr(v)[:40],
+)
+def test_a_bad_config_value_is_a_value_error_saying_what_was_expected(name, value):
+    with pytest.raises(ValueError) as refused:
+        ServiceConfig(**{name: value})
+    message = str(refused.value)
+    assert "\n" not in message and name in message, message
+
+
+@pytest.mark.timeout(60)
+def test_a_health_port_in_use_is_one_line_naming_the_port_and_its_option(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["run", "--device", "cpu", "--health-port", str(port), "--frames", "3"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == ExitCode.REFUSED
+    assert len(err) == 1 and f"port {port}" in err[0] and "[--health-port]" in err[0], err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--model", "{garbage}", "--health-port", "-1"],
+        ["run", "--zmq", "tcp://10.0.0.1:5000"],
+        ["run", "--calib", "-0.1,0.05", "--threads", "0"],
+        ["replay", "{missing}"],
+        ["run", "--duration", "nan"],
+    ],
+    ids=["broken-model", "remote-zmq", "negative-calib", "replay-missing", "nan-duration"],
+)
+def test_no_traceback_escapes_a_real_process(argv, paths):
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *(arg.format(**paths) for arg in argv)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=100,
+    )
+    assert result.returncode == ExitCode.REFUSED, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
