@@ -8,10 +8,11 @@ logged inside the block — in that task and in tasks it starts (they live in co
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import sys
 from collections.abc import Iterator
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, cast
 
 import structlog
 
@@ -31,6 +32,7 @@ def configure_logging(
 
     Configuration happens once: a library embedding the runtime should not have its logging
     replaced by a second call. ``force=True`` reconfigures (a service that parsed its options).
+    ``stream``: where lines go (default: standard error, as it is when each line is written).
     """
     global _configured
     numeric_level = logging.getLevelName(level.upper()) if isinstance(level, str) else level
@@ -52,11 +54,22 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream or cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
     _configured = True
     return True
+
+
+class _CurrentStderr(io.TextIOBase):
+    """Standard error as it is when each line is written (a program, or a test, that replaces
+    ``sys.stderr`` later still gets the lines)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def get_logger(name: str) -> Any:

@@ -317,9 +317,12 @@ class ReplayCamera(SourceBase):
     raises :class:`FileNotFoundError`, a truncated or corrupt one :class:`ReplayFormatError`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, read_timeout: float = 2.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, read_timeout: float = 2.0, paced: bool = True
+    ) -> None:
         self.path = Path(path)
         self.read_timeout = read_timeout
+        self.paced = paced
         self._reader: RecordingReader | None = None
         self._next = 0
         self._origin_ns = 0
@@ -334,6 +337,7 @@ class ReplayCamera(SourceBase):
                 awaited=f"opening recording {self.path}",
                 timeout=self.read_timeout,
             )
+            self.length = len(self._reader)
         return self._reader
 
     async def _next_frame(self) -> Frame:
@@ -348,9 +352,12 @@ class ReplayCamera(SourceBase):
             timeout=self.read_timeout,
         )
         self._next += 1
-        if index == 0:
-            self._origin_ns = clock_ns()
-        sof = self._origin_ns + (recorded.timestamp_sof - reader.records[0].sof)
+        if not self.paced:  # stamped as it is read
+            sof = clock_ns()
+        else:
+            if index == 0:
+                self._origin_ns = clock_ns()
+            sof = self._origin_ns + (recorded.timestamp_sof - reader.records[0].sof)
         return recorded.retimed(sof, sof + recorded.timestamp_eof - recorded.timestamp_sof)
 
     async def aclose(self) -> None:

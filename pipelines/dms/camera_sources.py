@@ -108,6 +108,11 @@ class SourceBase(ClosableStream):
     _worker: WorkerThread | None = None
     delivered: int = 0
     """Frames handed out so far."""
+    paced: bool = True
+    """Delivered at each frame's end of frame (a camera's pace); unpaced (a file replayed as
+    fast as it is asked for): at once, each frame stamped as it is read."""
+    length: int | None = None
+    """How many frames the source holds, where it knows (a file, once open)."""
 
     async def __anext__(self) -> Frame:
         if self._closed:
@@ -115,7 +120,8 @@ class SourceBase(ClosableStream):
         frame = self._pending
         if frame is None:
             frame = self._pending = await self._next_frame()
-        await wait_until_ns(frame.timestamp_eof)
+        if self.paced:
+            await wait_until_ns(frame.timestamp_eof)
         self._pending = None
         self.delivered += 1
         return frame
@@ -187,12 +193,15 @@ class _Closable(Protocol):
     async def aclose(self) -> None: ...
 
 
-def open_camera(spec: CameraSpec) -> FrameSource:
+def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
     """The source ``spec`` names: the synthetic camera, or a file — a recording of ours when its
-    first bytes say so, else a video file."""
+    first bytes say so, else a video file. ``paced=False``: a file as fast as it is asked for
+    (the synthetic camera is a camera: paced only)."""
     from .camera_synthetic import SyntheticCamera
 
     if not isinstance(spec, CameraFile):
+        if not paced:
+            raise ValueError("the synthetic camera is live: replay a recording or a video file")
         return SyntheticCamera()
     from .camera_replay import FILE_MAGIC, ReplayCamera
 
@@ -204,7 +213,7 @@ def open_camera(spec: CameraSpec) -> FrameSource:
             f"camera {str(spec)!r}: no such file (or use 'synthetic')"
         ) from None
     if magic == FILE_MAGIC:
-        return ReplayCamera(spec.path)
+        return ReplayCamera(spec.path, paced=paced)
     from .camera_video import VideoFileCamera  # OpenCV: only when a video is asked for
 
-    return VideoFileCamera(spec.path)
+    return VideoFileCamera(spec.path, paced=paced)

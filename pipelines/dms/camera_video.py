@@ -92,8 +92,10 @@ class VideoFileCamera(SourceBase):
         loop: bool = False,
         readout_ns: int | None = None,
         decode_timeout: float = 2.0,
+        paced: bool = True,
     ) -> None:
         self.path = Path(path)
+        self.paced = paced
         self.fps = fps
         if fps is not None:
             period_ns(fps)
@@ -123,6 +125,10 @@ class VideoFileCamera(SourceBase):
             timeout=self.decode_timeout,
         )
         self._capture = capture
+        frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
+        self.length = int(frames) if frames > 0 and not self.loop else None
+        if not self.paced:
+            return  # stamped as each frame is read: the file's rate does not matter
         if self.fps is None:
             if not (math.isfinite(rate) and rate > 0):
                 capture.release()
@@ -190,7 +196,7 @@ class VideoFileCamera(SourceBase):
                 readout = camera_for_resolution(width, height).readout_ns
             except UnknownCameraError:
                 readout = 0
-        sof = self._origin_ns + frame_id * self._period_ns
+        sof = self._origin_ns + frame_id * self._period_ns if self.paced else clock_ns()
         return Frame(
             buffer,
             width,

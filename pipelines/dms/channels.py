@@ -1,9 +1,12 @@
-"""Joining the service's stages: latest-frame-wins slots, and the frame accounting rule.
+"""Joining the service's stages: the two kinds of slot, and the frame accounting rule.
 
-A :class:`LatestSlot` holds at most one item between two stages. A stage that produces faster
-than the next consumes replaces the waiting item with the newer one; the replaced item is *dropped*
-and handed to ``on_drop`` so it is counted — never lost silently (design C7). Putting never
-blocks, so a slow stage never holds up the camera, and a frame never waits behind a stale one.
+A slot holds at most one item between two stages. Live, a :class:`LatestSlot`: a stage that
+produces faster than the next consumes replaces the waiting item with the newer one; the replaced
+item is *dropped* and handed to ``on_drop`` so it is counted — never lost silently (design C7).
+Putting never blocks, so a slow stage never holds up the camera, and a frame never waits behind a
+stale one. Replaying, a :class:`HandoffSlot`: the producer waits until the consumer has taken the
+item before it hands on the next, so nothing is dropped and each stage goes at the next one's pace.
+Both are :class:`Slot`: stages ``await slot.send(item)`` and ``await slot.get()``.
 
 :class:`FrameAccounting` keeps the rule that every frame that reaches the service ends as exactly
 one of: published valid, published invalid (with a reason), or dropped (counted, by stage).
@@ -14,19 +17,31 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 
 from aio_runtime import reason_kind
 
-__all__ = ["FrameAccounting", "LatestSlot", "SlotClosed"]
+__all__ = ["FrameAccounting", "HandoffSlot", "LatestSlot", "Slot", "SlotClosed"]
 
 T = TypeVar("T")
 
 
 class SlotClosed(Exception):
     """The producer closed the slot and nothing is left in it."""
+
+
+class Slot(Protocol[T]):
+    """Between two stages: ``send`` hands an item on, ``get`` takes it; ``close`` ends it."""
+
+    name: str
+
+    async def send(self, item: T) -> None: ...
+
+    async def get(self) -> T: ...
+
+    def close(self) -> None: ...
 
 
 class LatestSlot(Generic[T]):
@@ -47,6 +62,10 @@ class LatestSlot(Generic[T]):
         self._waiting.append(item)
         self._wake.set()
 
+    async def send(self, item: T) -> None:
+        """:meth:`put`: never waits."""
+        self.put(item)
+
     async def get(self) -> T:
         """The waiting item, or wait for one; :class:`SlotClosed` once closed and empty."""
         while not self._waiting:
@@ -58,6 +77,53 @@ class LatestSlot(Generic[T]):
 
     def close(self) -> None:
         """No more items; a consumer still gets the one waiting, then :class:`SlotClosed`."""
+        self._closed = True
+        self._wake.set()
+
+
+class HandoffSlot(Generic[T]):
+    """One item at a time, handed from hand to hand: :meth:`send` returns once the consumer has
+    taken the item (``on_taken`` is called with it at that moment), so nothing is dropped and
+    the producer goes at the consumer's pace."""
+
+    def __init__(self, name: str, on_taken: Callable[[T], object] | None = None) -> None:
+        self.name = name
+        self._on_taken = on_taken
+        self._waiting: list[T] = []
+        self._closed = False
+        self._wake = anyio.Event()
+        self._taken = anyio.Event()
+
+    async def send(self, item: T) -> None:
+        """Hand ``item`` on; return once it has been taken (one producer: the stage before).
+        Cancelled before it is taken, the item is withdrawn."""
+        if self._closed:
+            raise SlotClosed(f"{self.name}: closed")
+        self._waiting.append(item)
+        self._taken = anyio.Event()
+        self._wake.set()
+        try:
+            await self._taken.wait()
+        except BaseException:
+            if self._waiting and self._waiting[0] is item:
+                self._waiting.clear()  # not taken: withdrawn
+            raise
+
+    async def get(self) -> T:
+        """The item handed on, or wait for one; :class:`SlotClosed` once closed and empty."""
+        while not self._waiting:
+            if self._closed:
+                raise SlotClosed(f"{self.name}: closed")
+            self._wake = anyio.Event()
+            await self._wake.wait()
+        item = self._waiting.pop()
+        if self._on_taken is not None:
+            self._on_taken(item)
+        self._taken.set()
+        return item
+
+    def close(self) -> None:
+        """No more items (the producer is done): the consumer then gets :class:`SlotClosed`."""
         self._closed = True
         self._wake.set()
 

@@ -97,21 +97,6 @@ def parse_camera(text: str) -> CameraSpec:
     return Synthetic() if text == "synthetic" else CameraFile(Path(text))
 
 
-def _mode(text: str) -> Mode:
-    try:
-        return Mode(text)
-    except ValueError:
-        raise ValueError(f"mode must be 'live' or 'replay', got {text!r}") from None
-
-
-def _device(text: str) -> DeviceKind:
-    try:
-        return DeviceKind(text)
-    except ValueError:
-        known = " or ".join(repr(kind.value) for kind in DeviceKind)
-        raise ValueError(f"device must be {known}, got {text!r}") from None
-
-
 # --- declarations ----------------------------------------------------------------------------
 
 
@@ -148,7 +133,7 @@ class ServiceConfig:
     device: DeviceKind = setting(
         DeviceKind.SIM,
         "sim: the model on the simulated accelerator; cpu: onnxruntime on the CPU",
-        parse=_device,
+        parse=values.choice(DeviceKind),
         check=lambda value: None if value in tuple(DeviceKind) else "must be 'sim' or 'cpu'",
         choices=tuple(kind.value for kind in DeviceKind),
     )
@@ -233,7 +218,7 @@ class ServiceConfig:
     mode: Mode = setting(
         Mode.LIVE,
         "live: a camera, paced; replay: a file, as fast as the stages go, nothing lost",
-        parse=_mode,
+        parse=values.choice(Mode),
         check=lambda value: None if value in tuple(Mode) else "must be 'live' or 'replay'",
         commands=(),
     )

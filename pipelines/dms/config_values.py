@@ -9,15 +9,18 @@ The file checks (:func:`readable_file`, :func:`writable_file`) ask the machine, 
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+
+E = TypeVar("E", bound=enum.StrEnum)
 
 __all__ = [
     "Calibration",
@@ -26,6 +29,7 @@ __all__ = [
     "at_least_one",
     "calibration",
     "check_calibration",
+    "choice",
     "flag_value",
     "host_value",
     "integer",
@@ -85,6 +89,19 @@ def model_cpus(text: str) -> ModelCpus:
         return tuple(int(cpu) for cpu in text.split(","))
     except ValueError:
         raise ValueError(f"model_cpus: expected auto, none or CPU numbers, got {text!r}") from None
+
+
+def choice(kind: type[E]) -> Callable[[str], E]:
+    """The text form of an enum of strings: one of its values."""
+
+    def parse(text: str) -> E:
+        try:
+            return kind(text)
+        except ValueError:
+            known = " or ".join(repr(member.value) for member in kind)
+            raise ValueError(f"must be {known}, got {text!r}") from None
+
+    return parse
 
 
 def integer(text: str) -> int:
@@ -272,7 +289,9 @@ class Setting:
                 value = self.parse(value)
             except ValueError as exc:
                 said = str(exc)
-                raise ValueError(said if said.startswith(name) else f"{name}: {said}") from None
+                if not said.startswith(name):
+                    said = f"{name} {said}" if said.startswith("must") else f"{name}: {said}"
+                raise ValueError(said) from None
         problem = None if self.check is None else self.check(value)
         if problem is not None:
             raise ValueError(f"{name} {problem}, got {value!r}")

@@ -7,8 +7,9 @@ import argparse
 import asyncio
 import dataclasses
 import sys
+import time
 from collections.abc import AsyncIterable
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 
@@ -153,9 +154,35 @@ async def _serve(
 
     with stopping.calling(stop):
         with scope:
-            async with service:
+            async with service, anyio.create_task_group() as tg:
+                if config.mode is Mode.REPLAY and sys.stderr.isatty():
+                    tg.start_soon(_show_progress, service, sys.stderr)
                 await service.finished()
+                tg.cancel_scope.cancel()
     return _Ended(service.summary, scope.cancelled_caught or stopping.requested)
+
+
+async def _show_progress(service: DmsService, stream: TextIO, every: float = 0.5) -> None:
+    """A replay's progress on one line of a terminal, redrawn as messages are published (at most
+    every ``every`` seconds): frames so far (of how many, where the file says), frames/s."""
+    started = shown = time.monotonic()
+    try:
+        async for _ in service.messages():
+            at = time.monotonic()
+            if at - shown < every:
+                continue
+            shown = at
+            frames = service.summary.frames
+            total = service.source_length
+            done = f"{frames.received}" + (
+                f"/{total} ({100 * frames.received / total:.0f} %)" if total else ""
+            )
+            rate = frames.received / max(at - started, 1e-9)
+            stream.write(f"\rreplay: {done} frames, {rate:.0f} frames/s, {frames.valid} valid ")
+            stream.flush()
+    finally:
+        stream.write("\n")
+        stream.flush()
 
 
 def run(
@@ -169,7 +196,7 @@ def run(
     the summary at the end, on standard output (standard error when the messages go there);
     the exit code."""
     command = f"aio-dms {args.command}"
-    configure_logging(args.log_format, stream=sys.stderr)
+    configure_logging(args.log_format)
     try:
         config = config_from(args, **fixed)
         config.check_environment()

@@ -16,7 +16,6 @@ faults (``_faults``), CPU placement (``_platform``). Every default lives in
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import AbstractContextManager
 
@@ -24,23 +23,31 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from aio_runtime import CameraTimeout, ExcInfo, Transition, run_in_thread
+from aio_runtime import ExcInfo, Transition
 
 from ..camera import Frame
 from ..camera_sources import CalibrationSample
 from ..camera_synthetic import SyntheticCalibration
-from ..config import ServiceConfig
-from ..endpoints import HealthState, create_app, serve
+from ..config import Mode, ServiceConfig
+from ..endpoints import HealthState, create_app
 from ..messages import DriverStateV2, readiness_record
 from ._backends import TransportOpener
 from ._calibration import CalibrationState
+from ._camera import Camera
 from ._device import ModelDevice
 from ._faults import ServiceFaults
 from ._outcomes import FrameOutcomes, Summary
 from ._platform import loop_kept_off
 from ._policy import FramePolicy
-from ._stages import Camera, Decode, Model, Warp, Warpers, plan_warps, run_stages
-from ._startup import StartupError, describe, startup_error
+from ._stages import Decode, Model, Warp, Warpers, run_stages
+from ._startup import (
+    StartupError,
+    describe,
+    load_model,
+    ready_for_frames,
+    serve_health,
+    started_group,
+)
 
 __all__ = ["DmsService", "StartupError", "Summary"]
 
@@ -84,10 +91,16 @@ class DmsService:
         self.health_port: int | None = None
         self._done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._camera: Camera | None = None
 
     @property
     def summary(self) -> Summary:
         return self.outcomes.summary
+
+    @property
+    def source_length(self) -> int | None:
+        """How many frames the camera's file holds, where it says (None: a live camera)."""
+        return self._camera.length if self._camera is not None else None
 
     async def __aenter__(self) -> DmsService:
         """Start: check the machine's side of the config, open the sinks, bind the health port,
@@ -98,18 +111,11 @@ class DmsService:
             self.outcomes.open_sinks(zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote)
         except (ValueError, OSError) as exc:
             raise StartupError(describe(exc)) from exc
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
         try:
-            await self._tg.start(self._run)
-        except BaseException as exc:
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
+            self._tg = await started_group(self._run)
+        except BaseException:
             self.outcomes.close_sinks()
-            found = startup_error(exc)
-            if found is None:
-                raise
-            raise found.with_traceback(None) from found.__cause__
+            raise
         return self
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
@@ -148,7 +154,7 @@ class DmsService:
                 async with anyio.create_task_group() as services:
                     warpers = await self._start(services, model_cpus)
                     task_status.started()
-                    camera = Camera(
+                    camera = self._camera = Camera(
                         cfg.camera if self._source is None else self._source,
                         limits=cfg,
                         faults=self._faults,
@@ -159,7 +165,13 @@ class DmsService:
                     await run_stages(
                         camera,
                         Warp(warpers, cpus=loop_cpus, policy=policy, outcomes=outcomes),
-                        Model(self.device, self._calibration, policy=policy, outcomes=outcomes),
+                        Model(
+                            self.device,
+                            self._calibration,
+                            policy=policy,
+                            outcomes=outcomes,
+                            overlap=cfg.mode is Mode.LIVE,
+                        ),
                         Decode(
                             self.device,
                             self._calibration,
@@ -168,6 +180,7 @@ class DmsService:
                             outcomes=outcomes,
                         ),
                         outcomes,
+                        cfg.mode,
                     )
                     services.cancel_scope.cancel()
         finally:
@@ -182,34 +195,10 @@ class DmsService:
         cfg = self.config
         if cfg.health_port is not None:
             app = create_app(self.health, self.metrics)
-            health = functools.partial(
-                serve, app, host=cfg.health_host, port=cfg.health_port, allow_remote=True
-            )
-            try:
-                self.health_port = await services.start(health)
-            except OSError as exc:
-                raise StartupError(
-                    f"health endpoints on {cfg.health_host} port {cfg.health_port}: "
-                    f"{describe(exc)} (choose another port, 0 for any free one, or none)",
-                    setting="health_port",
-                ) from exc
+            self.health_port = await serve_health(services, app, cfg.health_host, cfg.health_port)
         if cfg.calib is None:
             stream = self._calibration_stream or SyntheticCalibration()
             services.start_soon(self._calibration.follow, stream)
-        try:
-            await services.start(self.device.serve, model_cpus)
-        except Exception as exc:
-            model_name = "the model" if cfg.model else "the reference model"
-            raise StartupError(
-                f"could not load {model_name}: {describe(exc)}", setting="model"
-            ) from exc
+        await load_model(services, self.device, model_cpus, named=cfg.model is not None)
         services.start_soon(self.outcomes.follow_availability)
-        # One warper per geometry, the cabin cameras' planned before the first frame: a
-        # resolution change mid-stream then costs no frame its budget.
-        warpers = await run_in_thread(
-            plan_warps, awaited="warp plans", error=CameraTimeout, timeout=cfg.warp_plan_timeout
-        )
-        # A recording replayed from its start loses no frame to the model loading.
-        with anyio.move_on_after(cfg.model_load_timeout + cfg.device_open_timeout):
-            await self.device.ready.wait()
-        return warpers
+        return await ready_for_frames(self.device, cfg)

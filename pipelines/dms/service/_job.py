@@ -10,18 +10,26 @@ import numpy as np
 from aio_runtime import Deadline, deadline_scope
 
 from ..camera import Frame
+from ..channels import Slot
 from ._calibration import Calibrated
 
-__all__ = ["FrameJob"]
+__all__ = ["UNBUDGETED", "FrameJob", "JobSlot"]
+
+UNBUDGETED = 30.0
+"""A frame's bound with no budget (``--no-budget``): waits without a bound of their own (a warp,
+a model run on the CPU) still have one, which only a stage that has stopped meets."""
 
 
 @dataclass
 class FrameJob:
     """One frame between the camera and publication. ``number`` counts frames as they reach the
-    service (from 0); ``deadline`` is its start of frame plus the budget, on the loop clock."""
+    service (from 0); ``start`` is where its budget begins and ``deadline`` where it ends, on the
+    loop clock: live, its start of frame plus the budget; replaying, when the camera stage handed
+    it on plus the budget (``inf`` with no budget)."""
 
     frame: Frame
     number: int
+    start: float
     deadline: float
     image: np.ndarray | None = None
     """The warped luma, once warped."""
@@ -34,13 +42,12 @@ class FrameJob:
     stages: dict[str, float] = field(default_factory=dict)
     """Seconds per stage, by stage."""
 
-    @property
-    def start(self) -> float:
-        """Its start of frame, on the loop clock: where its budget begins."""
-        return self.frame.timestamp_sof / 1e9
-
     def budget_scope(self) -> AbstractContextManager[Deadline]:
         """The frame's deadline as a scope: every wait made for the frame inside it is bounded
         by what is left of the budget (:class:`~aio_runtime.BudgetExhausted` past it)."""
         name = f"frame {self.frame.frame_id}"
         return deadline_scope(at=self.deadline, started=self.start, name=name)
+
+
+JobSlot = Slot[FrameJob]
+"""Where a stage hands frames to the next."""

@@ -92,6 +92,13 @@ class FrameOutcomes:
         if jsonl:
             self._sinks.append(JsonLinesSink(jsonl))
 
+    async def room(self) -> None:
+        """Replaying: wait until every sink has room for the next frame's messages."""
+        for sink in self._sinks:
+            room = getattr(sink, "room", None)
+            if room is not None:
+                await room()
+
     def close_sinks(self) -> None:
         for sink in self._sinks:
             sink.close()

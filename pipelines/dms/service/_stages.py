@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterable
-from typing import Protocol
 
 import anyio
 import numpy as np
@@ -24,40 +22,44 @@ from aio_runtime import (
     CameraTimeout,
     RuntimeFault,
     WorkerThread,
-    get_logger,
     now,
     run_in_thread,
-    wait_complete,
 )
 
 from ..camera import CABIN_CAMERAS, Frame
-from ..camera_sources import closing, open_camera
-from ..channels import LatestSlot, SlotClosed
-from ..config import CameraFile, CameraSpec, Synthetic
+from ..channels import HandoffSlot, LatestSlot, SlotClosed
+from ..config import Mode
 from ..model_runner import RunSuperseded
 from ..warp import MODEL_INPUT_SIZE, Warper
 from ._calibration import CalibrationState
+from ._camera import Camera
 from ._device import DeviceSession, ModelDevice
 from ._faults import ServiceFaults
-from ._job import FrameJob
+from ._job import FrameJob, JobSlot
 from ._outcomes import FrameOutcomes
 from ._policy import BUDGET_TIMEOUT, FramePolicy, Verdict
 
-__all__ = ["Camera", "Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
+__all__ = ["Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
 
-_log = get_logger(__name__)
 
 Warpers = dict[tuple[int, int, int], Warper]
 """One warper per frame geometry (width, height, stride)."""
-Slot = LatestSlot[FrameJob]
 
 
 async def run_stages(
-    camera: Camera, warp: Warp, model: Model, decode: Decode, outcomes: FrameOutcomes
+    camera: Camera,
+    warp: Warp,
+    model: Model,
+    decode: Decode,
+    outcomes: FrameOutcomes,
+    mode: Mode = Mode.LIVE,
 ) -> None:
-    """Run the frame's path until the camera ends and every frame in flight has ended."""
+    """Run the frame's path until the camera ends and every frame in flight has ended: live,
+    through latest-frame-wins slots; replaying, through hand-off slots (nothing dropped)."""
 
-    def slot(stage: str) -> Slot:
+    def slot(stage: str) -> JobSlot:
+        if mode is Mode.REPLAY:
+            return HandoffSlot(stage, camera.handed_on if stage == "warp" else None)
         return LatestSlot(stage, functools.partial(outcomes.dropped, stage))
 
     to_warp, to_model, to_decode = slot("warp"), slot("model"), slot("decode")
@@ -66,87 +68,6 @@ async def run_stages(
         stages.start_soon(model.run, to_model, to_decode)
         stages.start_soon(decode.run, to_decode)
         await camera.run(to_warp)
-
-
-class Limits(Protocol):
-    """What bounds the camera's stream: each frame's budget (seconds from its start of frame),
-    and how many frames or seconds to take (None: no limit). A service config is one."""
-
-    budget: float
-    frames: int | None
-    duration: float | None
-
-
-class Camera:
-    """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
-    and counted, until the source ends or the ``limits`` are reached (frames, duration); each
-    frame's deadline is its start of frame plus the ``limits``' budget. A camera that cannot be
-    opened, or fails, ends the stream, reported."""
-
-    def __init__(
-        self,
-        source: AsyncIterable[Frame] | CameraSpec,
-        *,
-        limits: Limits,
-        faults: ServiceFaults,
-        policy: FramePolicy,
-        outcomes: FrameOutcomes,
-    ) -> None:
-        self.source = source
-        self.budget = limits.budget
-        self.frames = limits.frames
-        self.duration = limits.duration
-        self.faults = faults
-        self.policy = policy
-        self.outcomes = outcomes
-        self._arrived = anyio.Event()
-
-    async def run(self, outbox: Slot) -> None:
-        try:
-            await self._frames(outbox)
-        except Exception as exc:  # a source that fails ends the stream, reported, not a crash
-            _log.error("camera failed", error=repr(exc))
-            error = f"{type(exc).__name__}: {exc}"
-            self.outcomes.camera_failed(error)
-            self.policy.camera_failed(error)
-        outbox.close()
-
-    async def _frames(self, outbox: Slot) -> None:
-        source = self.source
-        if isinstance(source, (Synthetic, CameraFile)):
-            source = open_camera(source)
-        started = now()
-        number = 0
-        async with closing(source):
-            async for frame in source:
-                if self.frames is not None and number >= self.frames:
-                    break
-                if self.duration is not None and now() - started >= self.duration:
-                    break
-                self.faults.frame_arrives(number)
-                if self.faults.camera_stalled(number):
-                    number += 1  # the camera delivers nothing while stalled
-                    continue
-                self._arrived.set()
-                job = FrameJob(frame, number, frame.timestamp_sof / 1e9 + self.budget)
-                self.outcomes.arrived(job)
-                outbox.put(job)
-                number += 1
-
-    async def watch(self, stall_after: float) -> None:
-        """A camera that stops delivering makes the service UNAVAILABLE, and says so on every
-        sink each ``stall_after`` seconds while it lasts: it never goes silent."""
-        while True:
-            try:
-                await wait_complete(
-                    self._arrived,
-                    awaited="a camera frame",
-                    error=CameraTimeout,
-                    timeout=stall_after,
-                )
-                self._arrived = anyio.Event()
-            except CameraTimeout as exc:  # reported again each period while the camera is out
-                self.outcomes.status(self.policy.camera_stalled(exc))
 
 
 def plan_warps() -> Warpers:
@@ -176,7 +97,7 @@ class Warp:
         self.policy = policy
         self.outcomes = outcomes
 
-    async def run(self, inbox: Slot, outbox: Slot) -> None:
+    async def run(self, inbox: JobSlot, outbox: JobSlot) -> None:
         worker = WorkerThread("warp", cpus=self.cpus)
         try:
             while True:
@@ -185,7 +106,7 @@ class Warp:
                 except SlotClosed:
                     break
                 if await self._warp(job, worker):
-                    outbox.put(job)
+                    await outbox.send(job)
         finally:
             worker.close()
         outbox.close()
@@ -238,13 +159,17 @@ class Model:
         *,
         policy: FramePolicy,
         outcomes: FrameOutcomes,
+        overlap: bool = True,
     ) -> None:
         self.device = device
         self.calibration = calibration
         self.policy = policy
         self.outcomes = outcomes
+        self.overlap = overlap
+        """Hand frames to a back-to-back backend as they come (live); replaying, one at a time,
+        so that no run is superseded."""
 
-    async def run(self, inbox: Slot, outbox: Slot) -> None:
+    async def run(self, inbox: JobSlot, outbox: JobSlot) -> None:
         async with anyio.create_task_group() as runs:
             while True:
                 try:
@@ -252,15 +177,15 @@ class Model:
                 except SlotClosed:
                     break
                 session = self.device.current
-                if session is not None and session.backend.runs_back_to_back:
+                if session is not None and session.backend.runs_back_to_back and self.overlap:
                     runs.start_soon(self._step, job, session, outbox)
                 else:
                     await self._step(job, session, outbox)
         outbox.close()
 
-    async def _step(self, job: FrameJob, session: DeviceSession | None, outbox: Slot) -> None:
+    async def _step(self, job: FrameJob, session: DeviceSession | None, outbox: JobSlot) -> None:
         if await self._infer(job, session):
-            outbox.put(job)  # decoding and publishing it overlaps the next run
+            await outbox.send(job)  # decoding and publishing it overlaps the next run
 
     async def _infer(self, job: FrameJob, session: DeviceSession | None) -> bool:
         """Run the model on the frame: True with ``job.output`` set, False once it has ended."""
@@ -336,7 +261,7 @@ class Decode:
         self.policy = policy
         self.outcomes = outcomes
 
-    async def run(self, inbox: Slot) -> None:
+    async def run(self, inbox: JobSlot) -> None:
         while True:
             try:
                 job = await inbox.get()

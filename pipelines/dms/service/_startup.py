@@ -8,7 +8,30 @@ and a failure of any of them is one :class:`StartupError` out of ``async with Dm
 
 from __future__ import annotations
 
-__all__ = ["StartupError", "describe", "startup_error"]
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+import anyio.abc
+from starlette.applications import Starlette
+
+from aio_runtime import CameraTimeout, run_in_thread
+
+from ..config import ServiceConfig
+from ..endpoints import serve
+from ._device import ModelDevice
+from ._stages import Warpers, plan_warps
+
+__all__ = [
+    "StartupError",
+    "describe",
+    "load_model",
+    "ready_for_frames",
+    "serve_health",
+    "started_group",
+    "startup_error",
+]
 
 
 class StartupError(Exception):
@@ -43,3 +66,70 @@ def startup_error(error: BaseException) -> StartupError | None:
             if found is not None:
                 return found
     return None
+
+
+async def started_group(
+    run: Callable[..., Coroutine[Any, Any, None]],
+) -> anyio.abc.TaskGroup:
+    """A task group running ``run`` once it has started (``task_status.started()``); what fails
+    before that is raised as its :class:`StartupError` (the group is closed), not as a group."""
+    tg = anyio.create_task_group()
+    await tg.__aenter__()
+    try:
+        await tg.start(run)
+    except BaseException as exc:
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
+        found = startup_error(exc)
+        if found is None:
+            raise
+        raise found.with_traceback(None) from found.__cause__
+    return tg
+
+
+async def serve_health(
+    services: anyio.abc.TaskGroup, app: Starlette, host: str, port: int
+) -> int:
+    """Serve the health endpoints in ``services``; the port bound (:class:`StartupError` for one
+    in use). The host was checked against the loopback rule with the config."""
+    health = functools.partial(serve, app, host=host, port=port, allow_remote=True)
+    try:
+        bound: int = await services.start(health)
+    except OSError as exc:
+        raise StartupError(
+            f"health endpoints on {host} port {port}: {describe(exc)} (choose another port, "
+            "0 for any free one, or none)",
+            setting="health_port",
+        ) from exc
+    return bound
+
+
+async def load_model(
+    services: anyio.abc.TaskGroup,
+    device: ModelDevice,
+    model_cpus: frozenset[int] | None,
+    *,
+    named: bool,
+) -> None:
+    """Start serving ``device`` in ``services``, once its model is loaded and its contract read
+    (:class:`StartupError` if it cannot be; ``named``: a model file was given, not the
+    reference model)."""
+    try:
+        await services.start(device.serve, model_cpus)
+    except Exception as exc:
+        model = "the model" if named else "the reference model"
+        raise StartupError(f"could not load {model}: {describe(exc)}", setting="model") from exc
+
+
+async def ready_for_frames(device: ModelDevice, config: ServiceConfig) -> Warpers:
+    """The warpers, once the device can run frames (or it takes too long to come up: its frames
+    then say so)."""
+    # One warper per geometry, the cabin cameras' planned before the first frame: a resolution
+    # change mid-stream then costs no frame its budget.
+    warpers = await run_in_thread(
+        plan_warps, awaited="warp plans", error=CameraTimeout, timeout=config.warp_plan_timeout
+    )
+    # A recording replayed from its start loses no frame to the model loading.
+    with anyio.move_on_after(config.model_load_timeout + config.device_open_timeout):
+        await device.ready.wait()
+    return warpers

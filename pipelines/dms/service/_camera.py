@@ -1,0 +1,139 @@
+"""The camera stage: frames from the source into the service, numbered, counted and given their
+budgets, until the source ends or the limits are reached; and the camera's watchdog, which makes
+a camera that stops delivering an UNAVAILABLE service that says so on every sink.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterable, Awaitable
+from typing import Protocol
+
+import anyio
+
+from aio_runtime import CameraTimeout, get_logger, now, wait_complete
+
+from ..camera import Frame
+from ..camera_sources import closing, open_camera
+from ..config import CameraFile, CameraSpec, Mode, Synthetic
+from ._faults import ServiceFaults
+from ._job import UNBUDGETED, FrameJob, JobSlot
+from ._outcomes import FrameOutcomes
+from ._policy import FramePolicy
+
+__all__ = ["Camera", "Limits"]
+
+_log = get_logger(__name__)
+
+
+class Limits(Protocol):
+    """What bounds the camera's stream: each frame's budget (``no_budget``: none), how many
+    frames or seconds to take (None: no limit), and the mode (live: the budget starts at each
+    frame's start of frame; replaying: when the frame is handed on, and the stream waits for the
+    stages and the sinks). A service config is one."""
+
+    budget: float
+    no_budget: bool
+    frames: int | None
+    duration: float | None
+    mode: Mode
+
+
+class Camera:
+    """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
+    and counted, until the source ends or the ``limits`` are reached (frames, duration); each
+    frame's deadline is its start of frame plus the ``limits``' budget. A camera that cannot be
+    opened, or fails, ends the stream, reported. The duration bounds the stream whatever the
+    source does (a recording with a long gap, a file that stops delivering)."""
+
+    def __init__(
+        self,
+        source: AsyncIterable[Frame] | CameraSpec,
+        *,
+        limits: Limits,
+        faults: ServiceFaults,
+        policy: FramePolicy,
+        outcomes: FrameOutcomes,
+    ) -> None:
+        self.source = source
+        self.budget = UNBUDGETED if limits.no_budget else limits.budget
+        self.frames = limits.frames
+        self.duration = limits.duration
+        self.replay = limits.mode is Mode.REPLAY
+        self.faults = faults
+        self.policy = policy
+        self.outcomes = outcomes
+        self._arrived = anyio.Event()
+        self._held = 0
+        """Waits in progress on the stages or the sinks (replaying): not the camera's stall."""
+
+    async def run(self, outbox: JobSlot) -> None:
+        try:
+            await self._frames(outbox)
+        except Exception as exc:  # a source that fails ends the stream, reported, not a crash
+            _log.error("camera failed", error=repr(exc))
+            error = f"{type(exc).__name__}: {exc}"
+            self.outcomes.camera_failed(error)
+            self.policy.camera_failed(error)
+        outbox.close()
+
+    @property
+    def length(self) -> int | None:
+        """How many frames the source holds, where it says (a file, once open)."""
+        return getattr(self.source, "length", None)
+
+    async def _frames(self, outbox: JobSlot) -> None:
+        source = self.source
+        if isinstance(source, (Synthetic, CameraFile)):
+            source = self.source = open_camera(source, paced=not self.replay)
+        with anyio.move_on_after(math.inf if self.duration is None else self.duration):
+            async with closing(source):
+                await self._take(source, outbox)
+
+    async def _take(self, source: AsyncIterable[Frame], outbox: JobSlot) -> None:
+        number = 0
+        async for frame in source:
+            if self.frames is not None and number >= self.frames:
+                break
+            self.faults.frame_arrives(number)
+            if self.faults.camera_stalled(number):
+                number += 1  # the camera delivers nothing while stalled
+                continue
+            self._arrived.set()
+            start = frame.timestamp_sof / 1e9  # replaying, reset as it is handed on
+            job = FrameJob(frame, number, start, start + self.budget)
+            self.outcomes.arrived(job)
+            await self._held_by(outbox.send(job))
+            if self.replay:
+                await self._held_by(self.outcomes.room())
+            number += 1
+
+    def handed_on(self, job: FrameJob) -> None:
+        """Replaying: the warp stage has taken the frame; its budget starts now."""
+        job.start = now()
+        job.deadline = job.start + self.budget
+
+    async def _held_by(self, wait: Awaitable[None]) -> None:
+        """Wait on the stages or the sinks: time that is not the camera's."""
+        self._held += 1
+        try:
+            await wait
+        finally:
+            self._held -= 1
+            self._arrived.set()
+
+    async def watch(self, stall_after: float) -> None:
+        """A camera that stops delivering makes the service UNAVAILABLE, and says so on every
+        sink each ``stall_after`` seconds while it lasts: it never goes silent."""
+        while True:
+            try:
+                await wait_complete(
+                    self._arrived,
+                    awaited="a camera frame",
+                    error=CameraTimeout,
+                    timeout=stall_after,
+                )
+                self._arrived = anyio.Event()
+            except CameraTimeout as exc:  # reported again each period while the camera is out
+                if not self._held:
+                    self.outcomes.status(self.policy.camera_stalled(exc))

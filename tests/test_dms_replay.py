@@ -1,0 +1,94 @@
+"""Replay mode: a file through the service as fast as the stages go, each stage waiting for the
+next, nothing dropped; and the duration bound of a live run, whatever the camera does."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+from test_dms_service_io import CPU, cabin_recording
+
+from aio_runtime import Ledger, now, use_ledger
+from aio_runtime.testing import threads_busy, virtual_time
+from pipelines.dms.camera import Frame
+from pipelines.dms.camera_sources import clock_ns
+from pipelines.dms.config import Mode, ServiceConfig
+from pipelines.dms.service import DmsService
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+GRACE = 0.005
+"""Real seconds the virtual clock waits before each jump (see test_dms_service_virtual_time)."""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # hold= is for asyncio's loop
+
+
+async def _run(service: DmsService, backlog: int = 1000) -> list:
+    messages = []
+    async with service:
+
+        async def collect():
+            async for message in service.messages(backlog=backlog):
+                messages.append(message)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect)
+            await service.finished()
+            tg.cancel_scope.cancel()
+    return messages
+
+
+async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
+    path = tmp_path / "cabin.dmsrec"
+    ids = list(range(40))
+    cabin_recording(path, ids, 1_700_000_000 * 10**9)  # 40 periods: 2 s as recorded
+    config = ServiceConfig(
+        camera=str(path), mode=Mode.REPLAY, no_budget=True, health_port=None, **CPU
+    )
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)) as clock:
+            start = clock.now()
+            with anyio.fail_after(30):
+                messages = await _run(DmsService(config))
+            elapsed = clock.now() - start
+    assert [m.frame_id for m in messages] == ids  # every frame, in order: none dropped
+    assert [m.seq for m in messages] == list(range(len(ids)))
+    assert elapsed < 0.5  # unpaced: no frame waited for its recorded instant (2 s as recorded)
+    first = next(k for k, m in enumerate(messages) if m.valid)
+    assert all(m.valid for m in messages[first:])  # no budget: nothing is late
+
+
+async def test_a_replay_hands_each_frame_on_and_counts_it(tmp_path):
+    path = tmp_path / "cabin.dmsrec"
+    cabin_recording(path, list(range(12)), 10**12)
+    service = DmsService(
+        ServiceConfig(camera=str(path), mode="replay", health_port=None, **CPU)
+    )
+    with anyio.fail_after(60):
+        messages = await _run(service)
+    frames = service.summary.frames
+    frames.check()
+    assert frames.received == 12 and not frames.dropped
+    assert len(messages) == 12 and service.source_length == 12
+
+
+async def test_the_duration_bounds_a_live_run_whatever_the_camera_does():
+    async def one_frame_then_an_hour_of_nothing():
+        sof = clock_ns()
+        y, uv = np.full((760, 1344), 90, np.uint8), np.full((380, 1344), 128, np.uint8)
+        yield Frame.from_planes(y, uv, frame_id=0, timestamp_sof=sof, timestamp_eof=sof + 1)
+        await anyio.sleep(3600)  # a recording with a long gap, a camera that stopped
+
+    config = ServiceConfig(duration=3.0, health_port=None, **CPU)
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            with anyio.fail_after(60):  # virtual seconds: an unbounded run would take an hour
+                started = now()
+                service = DmsService(config, source=one_frame_then_an_hour_of_nothing())
+                await _run(service)
+                ended = now()
+    assert 3.0 <= ended - started < 4.0
+    assert service.summary.frames.received == 1
