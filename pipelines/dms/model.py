@@ -8,11 +8,11 @@ vector, as base64 text of a Python pickle. This module reads and checks all of t
 loaded, so a model that does not fit is refused with a message naming what was expected, not
 discovered frame by frame.
 
-The pickle is never unpickled unrestricted (design C8): :func:`safe_unpickle`
-(:mod:`pipelines.dms.model_metadata`, re-exported here) admits plain data
-(dict, list, tuple, str, int, float, bool, None) and ``builtins.slice``; any other global, a
-persistent id or an extension code is refused before anything is called. ``output_slices`` may also
-be JSON, ``{"name": [start, stop], ...}``.
+The pickle is never unpickled (design C8): :func:`safe_unpickle`
+(:mod:`pipelines.dms.model_metadata`, re-exported here) plays its opcodes itself and admits plain
+data (dict, list, tuple, str, int, float, bool, None) and ``builtins.slice``, within
+:class:`MetadataLimits`; any other global, a persistent id or an extension code is refused before
+anything is called. ``output_slices`` may also be JSON, ``{"name": [start, stop], ...}``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ import onnx
 
 from .decode import REQUIRED_HEADS
 from .model_metadata import (
+    DEFAULT_LIMITS,
     MAX_METADATA_BYTES,
     MetadataError,
+    MetadataLimitExceeded,
+    MetadataLimits,
     ModelContractError,
     UnsafeMetadata,
     encode_output_slices,
@@ -41,6 +44,7 @@ from .model_metadata import (
 __all__ = [
     "CALIB",
     "CALIB_SHAPE",
+    "DEFAULT_LIMITS",
     "EXPECTED_INPUTS",
     "INPUT_IMG",
     "INPUT_IMG_SHAPE",
@@ -48,6 +52,8 @@ __all__ = [
     "MODEL_FRAME",
     "ContractMismatch",
     "MetadataError",
+    "MetadataLimitExceeded",
+    "MetadataLimits",
     "ModelContract",
     "ModelContractError",
     "TensorSpec",
@@ -262,11 +268,12 @@ def _output(graph: onnx.GraphProto) -> TensorSpec:
 def load_contract(path: str | Path) -> ModelContract:
     """Read an ONNX model's contract and check it: inputs ``input_img`` (1, 1382400) uint8 and
     ``calib`` (1, 3) float32 (symbolic dimensions accepted), one float32 output, ``output_slices``
-    metadata that is safe to read, covers every head the decoder needs with enough values, and lies
-    within the output.
+    metadata that is safe to read within :data:`DEFAULT_LIMITS`, covers every head the decoder
+    needs with enough values, and lies within the output.
 
-    Raises :class:`ContractMismatch`, :class:`MetadataError` or :class:`UnsafeMetadata` (all
-    ``ValueError``), or :class:`FileNotFoundError`.
+    Raises :class:`ContractMismatch`, :class:`MetadataError` (:class:`UnsafeMetadata`,
+    :class:`MetadataLimitExceeded`) or :class:`ModelContractError` (all ``ValueError``), or
+    :class:`FileNotFoundError`.
     """
     path = Path(path)
     try:
