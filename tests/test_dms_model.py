@@ -41,9 +41,11 @@ from pipelines.dms.model import (
     MetadataError,
     ModelContractError,
     UnsafeMetadata,
+    check_real_output,
     encode_output_slices,
     load_contract,
     parse_output_slices,
+    read_contract,
     safe_unpickle,
 )
 from pipelines.dms.model_runner import (
@@ -384,6 +386,91 @@ def test_a_feature_slice_past_the_output_is_refused(tmp_path):
     path = tiny_model(tmp_path, slices=encode_output_slices(slices))
     with pytest.raises(ContractMismatch, match=r"'features' is \[41, 600\), past the end"):
         load_contract(path)
+
+
+# -- the contract checked by a run on zero inputs -------------------------------------------------
+
+
+def test_loading_runs_the_model_once_and_records_its_real_output_length(tmp_path):
+    path = tiny_model(tmp_path, output_shape=["batch", "n"], produced=600)
+    assert read_contract(path).measured_output_length is None
+    contract = load_contract(path)
+    assert contract.measured_output_length == 600
+    assert contract.output_length == 600  # what the model gives, not what the slices need (553)
+
+
+def test_slices_past_the_real_output_are_refused_at_load_naming_slice_stop_and_length(tmp_path):
+    path = tiny_model(tmp_path, output_shape=["n"], produced=100)
+    assert read_contract(path).output_length == 553  # nothing in the file says otherwise
+    with pytest.raises(ContractMismatch) as info:
+        load_contract(path)
+    found = re.search(
+        r"output slice '(\w+)' is \[(\d+), (\d+)\): it stops at (\d+), past the model's real "
+        r"output length (\d+)",
+        str(info.value),
+    )
+    assert found is not None, str(info.value)
+    head, stop = found.group(1), int(found.group(3))
+    assert stop == int(found.group(4)) == REFERENCE_SLICES[head].stop > 100
+    assert int(found.group(5)) == 100
+    with pytest.raises(ContractMismatch, match="past the model's real output length 100"):
+        OnnxRunner(path)  # the runner checks with its own session
+
+
+def test_a_model_giving_other_than_its_declared_length_is_refused_at_load(tmp_path):
+    path = tiny_model(tmp_path, output_shape=[1, 553], produced=600)
+    with pytest.raises(
+        ContractMismatch, match=r"declares 553 values, but a run on zero inputs gave 600"
+    ):
+        load_contract(path)
+
+
+def test_a_model_that_fails_on_zero_inputs_is_refused_at_load(tmp_path):
+    path = tiny_model(tmp_path, output_shape=["n"], fail_at_run=True)
+    with pytest.raises(ModelContractError, match="fails when run on zero inputs"):
+        load_contract(path)
+
+
+class CountingSession:
+    """A session that records its runs' feeds and answers with ``length`` zeros."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.feeds: list[dict[str, np.ndarray]] = []
+
+    def run(self, names, feeds, options=None):
+        self.feeds.append(feeds)
+        return [np.zeros((1, self.length), dtype=np.float32)]
+
+
+def test_the_check_runs_a_given_session_once_on_zeros(tmp_path):
+    contract = read_contract(tiny_model(tmp_path))
+    session = CountingSession(553)
+    assert check_real_output(contract, session).measured_output_length == 553
+    (feeds,) = session.feeds
+    assert feeds["input_img"].shape == (1, 1382400) and not feeds["input_img"].any()
+    assert feeds["calib"].dtype == np.float32 and not feeds["calib"].any()
+    with pytest.raises(ContractMismatch, match="gave 552"):
+        check_real_output(contract, CountingSession(552))
+
+
+def test_the_runner_checks_with_its_own_session_unless_given_a_contract(reference_path):
+    assert OnnxRunner(reference_path).contract.measured_output_length == 553
+    trusted = read_contract(reference_path)
+    assert OnnxRunner(reference_path, contract=trusted).contract is trusted
+
+
+def test_model_info_reports_slices_past_the_real_output(tmp_path, capsys):
+    from pipelines.cli import main
+
+    path = tiny_model(tmp_path, output_shape=["n"], produced=100)
+    assert main(["model-info", "--model", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "aio-dms model-info: output slice " in captured.err
+    assert "past the model's real output length 100" in captured.err
+    assert main(["model-info", "--model", str(tiny_model(tmp_path, produced=553))]) == 0
+    assert json.loads(capsys.readouterr().out)["output"]["length"] == 553
 
 
 def test_metadata_without_output_slices_is_refused(tmp_path):
@@ -744,7 +831,9 @@ async def test_a_run_that_will_not_stop_is_in_flight_and_the_next_run_waits_for_
 
 async def test_an_output_of_the_wrong_length_is_invalid_output(tmp_path):
     path = tiny_model(tmp_path, output_shape=["n"], produced=100)
-    runner = OnnxRunner(path)
+    # the contract as read, not checked by a run (which refuses this model at load): the runner
+    # still checks every output
+    runner = OnnxRunner(path, contract=read_contract(path))
     with (
         anyio.fail_after(10),
         pytest.raises(InvalidOutput, match="has 100 values; expected at least 553"),
@@ -754,7 +843,8 @@ async def test_an_output_of_the_wrong_length_is_invalid_output(tmp_path):
 
 
 async def test_an_onnxruntime_error_is_a_typed_model_fault(tmp_path):
-    runner = OnnxRunner(tiny_model(tmp_path, output_shape=["n"], fail_at_run=True))
+    path = tiny_model(tmp_path, output_shape=["n"], fail_at_run=True)
+    runner = OnnxRunner(path, contract=read_contract(path))  # not run at load: it would fail there
     with anyio.fail_after(10), pytest.raises(ModelRunFailed, match=r"\[model\] onnxruntime: "):
         await runner.run(IMAGE, CALIB, timeout=5.0)
     assert runner.statistics().failed == 1

@@ -6,17 +6,20 @@ float32 — (roll, pitch, yaw) — and returns one flat float32 vector. Which va
 the ONNX metadata: the entry ``output_slices`` maps head names to ``slice(start, stop)`` over that
 vector, as base64 text of a Python pickle. This module reads and checks all of that when a model is
 loaded, so a model that does not fit is refused with a message naming what was expected, not
-discovered frame by frame.
+discovered frame by frame: :func:`load_contract` reads the graph and the metadata
+(:func:`read_contract`), then runs the model once on zero inputs (:func:`check_real_output`) to
+check that every output slice lies within the output it really produces.
 
-The pickle is never unpickled unrestricted (design C8): :func:`safe_unpickle`
-(:mod:`pipelines.dms.model_metadata`, re-exported here) admits plain data
-(dict, list, tuple, str, int, float, bool, None) and ``builtins.slice``; any other global, a
-persistent id or an extension code is refused before anything is called. ``output_slices`` may also
-be JSON, ``{"name": [start, stop], ...}``.
+The pickle is never unpickled (design C8): :func:`safe_unpickle`
+(:mod:`pipelines.dms.model_metadata`, re-exported here) plays its opcodes itself and admits plain
+data (dict, list, tuple, str, int, float, bool, None) and ``builtins.slice``, within
+:class:`MetadataLimits`; any other global, a persistent id or an extension code is refused before
+anything is called. ``output_slices`` may also be JSON, ``{"name": [start, stop], ...}``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,8 +32,11 @@ import onnx
 
 from .decode import REQUIRED_HEADS
 from .model_metadata import (
+    DEFAULT_LIMITS,
     MAX_METADATA_BYTES,
     MetadataError,
+    MetadataLimitExceeded,
+    MetadataLimits,
     ModelContractError,
     UnsafeMetadata,
     encode_output_slices,
@@ -41,6 +47,7 @@ from .model_metadata import (
 __all__ = [
     "CALIB",
     "CALIB_SHAPE",
+    "DEFAULT_LIMITS",
     "EXPECTED_INPUTS",
     "INPUT_IMG",
     "INPUT_IMG_SHAPE",
@@ -48,15 +55,20 @@ __all__ = [
     "MODEL_FRAME",
     "ContractMismatch",
     "MetadataError",
+    "MetadataLimitExceeded",
+    "MetadataLimits",
     "ModelContract",
     "ModelContractError",
     "TensorSpec",
     "UnsafeMetadata",
+    "check_real_output",
     "contract_from_onnx",
     "encode_output_slices",
     "load_contract",
     "parse_output_slices",
+    "read_contract",
     "safe_unpickle",
+    "zero_inputs",
 ]
 
 INPUT_IMG = "input_img"
@@ -116,6 +128,9 @@ class ModelContract:
     metadata: Mapping[str, str] = field(default_factory=dict)
     """Every ``metadata_props`` entry, ``output_slices`` included, as stored."""
     path: Path | None = None
+    measured_output_length: int | None = None
+    """The output's length in a run on zero inputs (:func:`check_real_output`); ``None`` until the
+    model has been run."""
 
     @property
     def declared_output_length(self) -> int | None:
@@ -127,7 +142,10 @@ class ModelContract:
 
     @property
     def output_length(self) -> int:
-        """The declared length, or (for a symbolic shape) the least length the slices need."""
+        """The length measured by a run, else the declared length, else (for a symbolic shape)
+        the least length the slices need."""
+        if self.measured_output_length is not None:
+            return self.measured_output_length
         declared = self.declared_output_length
         return declared if declared is not None else self.slices_end
 
@@ -259,15 +277,13 @@ def _output(graph: onnx.GraphProto) -> TensorSpec:
     return output
 
 
-def load_contract(path: str | Path) -> ModelContract:
-    """Read an ONNX model's contract and check it: inputs ``input_img`` (1, 1382400) uint8 and
-    ``calib`` (1, 3) float32 (symbolic dimensions accepted), one float32 output, ``output_slices``
-    metadata that is safe to read, covers every head the decoder needs with enough values, and lies
-    within the output.
-
-    Raises :class:`ContractMismatch`, :class:`MetadataError` or :class:`UnsafeMetadata` (all
-    ``ValueError``), or :class:`FileNotFoundError`.
-    """
+def read_contract(path: str | Path) -> ModelContract:
+    """An ONNX model's contract from its graph and metadata alone (nothing is run): inputs
+    ``input_img`` (1, 1382400) uint8 and ``calib`` (1, 3) float32 (symbolic dimensions accepted),
+    one float32 output, ``output_slices`` metadata that is safe to read within
+    :data:`DEFAULT_LIMITS`, covers every head the decoder needs with enough values and lies within
+    the declared output. Raises :class:`ModelContractError` (or a subclass), or
+    :class:`FileNotFoundError`."""
     path = Path(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -276,3 +292,73 @@ def load_contract(path: str | Path) -> ModelContract:
     except Exception as exc:  # onnx raises DecodeError and friends for a file that is not ONNX
         raise ModelContractError(f"{path} is not a readable ONNX model: {exc}") from exc
     return contract_from_onnx(model, path)
+
+
+def zero_inputs() -> dict[str, np.ndarray[Any, Any]]:
+    """The feeds of a check run: both inputs, zeros, in the contract's shapes and dtypes."""
+    return {
+        INPUT_IMG: np.zeros(INPUT_IMG_SHAPE, dtype=np.uint8),
+        CALIB: np.zeros(CALIB_SHAPE, dtype=np.float32),
+    }
+
+
+def _check_session(path: Path) -> Any:
+    # Imported here: reading a contract's types needs no onnxruntime, checking a model does.
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only: what matters about the output, the check says
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelContractError(f"onnxruntime cannot load {path}: {exc}") from exc
+
+
+def check_real_output(contract: ModelContract, session: Any = None) -> ModelContract:
+    """Run the model once on :func:`zero_inputs` and check what it really gives: as many values
+    as its output declares (if it declares a length), and no output slice stopping past them.
+
+    ``session``: an onnxruntime session of the model (a runner's, so the model is loaded once);
+    by default one is made for the check from ``contract.path``. One run of the reference model
+    costs about 10 ms. Returns the contract with :attr:`~ModelContract.measured_output_length`.
+    Raises :class:`ContractMismatch` naming the slice, its stop and the real length, or
+    :class:`ModelContractError` if the model cannot be loaded or run.
+    """
+    where = contract.path.name if contract.path is not None else "the model"
+    if session is None:
+        if contract.path is None:
+            raise ValueError("check_real_output needs a session or a contract read from a file")
+        session = _check_session(contract.path)
+    try:
+        (result,) = session.run([contract.output.name], zero_inputs())
+        length = int(np.asarray(result).size)
+    except Exception as exc:  # onnxruntime's own errors: the model cannot run on these inputs
+        raise ModelContractError(f"{where} fails when run on zero inputs: {exc}") from exc
+    declared = contract.declared_output_length
+    if declared is not None and length != declared:
+        raise ContractMismatch(
+            f"model output {contract.output} declares {declared} values, but a run on zero "
+            f"inputs gave {length}"
+        )
+    for head, s in contract.output_slices.items():
+        if s.stop > length:
+            raise ContractMismatch(
+                f"output slice {head!r} is [{s.start}, {s.stop}): it stops at {s.stop}, past the "
+                f"model's real output length {length} (measured by a run on zero inputs)"
+            )
+    return dataclasses.replace(contract, measured_output_length=length)
+
+
+def load_contract(path: str | Path) -> ModelContract:
+    """Read an ONNX model's contract and check it (:func:`read_contract`), then run the model
+    once on zero inputs to check that its output slices fit the output it really produces
+    (:func:`check_real_output`, on a session made for the check).
+
+    Raises :class:`ContractMismatch`, :class:`MetadataError` (:class:`UnsafeMetadata`,
+    :class:`MetadataLimitExceeded`) or :class:`ModelContractError` (all ``ValueError``), or
+    :class:`FileNotFoundError`. Blocks (tens of milliseconds): call it off the event loop.
+    """
+    return check_real_output(read_contract(path))

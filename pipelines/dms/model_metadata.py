@@ -1,25 +1,49 @@
-"""Model metadata, read safely: openpilot's ``output_slices`` (base64 of a pickled {name: slice})
-or JSON, through an unpickler that admits plain data and ``slice`` only (design C8).
+"""Model metadata, read safely and within limits: openpilot's ``output_slices`` (base64 of a
+pickled {name: slice}) or JSON (design C8).
 
-:func:`safe_unpickle` resolves no global but ``builtins.slice``: GLOBAL, STACK_GLOBAL, INST, OBJ and
-the EXT opcodes all go through ``find_class``, which refuses everything else before it could be
-called, and persistent ids are refused too. What the pickle builds without a global is checked
-afterwards: only dict, list, tuple, str, int, float, bool, None and slice pass (no set, bytes, ...).
+The pickle is never unpickled: :func:`safe_unpickle` (:mod:`pipelines.dms.metadata_pickle`) plays
+its opcodes itself and builds plain data and ``slice`` only; any other global is refused by name
+before anything could be called. Every read is bounded by :class:`MetadataLimits`
+(:data:`DEFAULT_LIMITS`, :mod:`pipelines.dms.metadata_limits`), enforced while it reads: a
+200-byte pickle of a list that shares itself a few dozen times — billions of values to whoever
+walks it — is refused a few dozen opcodes in. JSON is held to the same limits: its nesting is
+counted in the text before it is parsed, its integers are bounded before they are converted.
+
+Any malformed input raises :class:`MetadataError` (a :class:`ModelContractError`), or its
+:class:`UnsafeMetadata` / :class:`MetadataLimitExceeded`, with one message saying what was
+expected: never a bare ``ValueError``, ``RecursionError`` or ``MemoryError``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 import pickle
+import re
 from collections.abc import Mapping
-from typing import Any
+
+from .metadata_limits import (
+    DEFAULT_LIMITS,
+    MetadataError,
+    MetadataLimitExceeded,
+    MetadataLimits,
+    ModelContractError,
+    UnsafeMetadata,
+    check_extent,
+    checked_int,
+    limit_exceeded,
+    shown,
+    shown_value,
+)
+from .metadata_pickle import safe_unpickle
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "MAX_METADATA_BYTES",
     "MetadataError",
+    "MetadataLimitExceeded",
+    "MetadataLimits",
     "ModelContractError",
     "UnsafeMetadata",
     "encode_output_slices",
@@ -27,92 +51,37 @@ __all__ = [
     "safe_unpickle",
 ]
 
-MAX_METADATA_BYTES = 1 << 20
-"""The longest ``output_slices`` text accepted (a real table is a few hundred bytes)."""
+MAX_METADATA_BYTES = DEFAULT_LIMITS.max_bytes
+"""The longest ``output_slices`` text accepted by default (a real table is a few hundred bytes)."""
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
-class ModelContractError(ValueError):
-    """A model does not fit the contract, or its metadata cannot be read."""
-
-
-class MetadataError(ModelContractError):
-    """The model's metadata is missing or malformed."""
-
-
-class UnsafeMetadata(MetadataError):
-    """A metadata pickle asks for something other than plain data and ``slice`` (a global such as
-    ``os.system``, a persistent id): refused before anything ran."""
-
-
-# -- the restricted unpickler -------------------------------------------------------------------
-
-_ALLOWED_GLOBALS = {("builtins", "slice"), ("__builtin__", "slice")}
-_PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None), slice)
-
-
-def _shown(text: str) -> str:
-    """A name from the pickle as it may appear in a message: short and printable."""
-    shown = text if text.isprintable() else ascii(text)
-    return shown if len(shown) <= 60 else f"{shown[:60]}..."
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    """Resolves no global but ``slice``: GLOBAL, STACK_GLOBAL, INST and EXT* all go through
-    ``find_class``, so a callable other than ``slice`` never reaches REDUCE/NEWOBJ/BUILD."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return slice
-        raise UnsafeMetadata(
-            f"metadata pickle refers to {_shown(module)}.{_shown(name)}; only plain data (dict, "
-            "list, tuple, str, int, float, bool, None) and builtins.slice are allowed"
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise UnsafeMetadata(
-            "metadata pickle uses a persistent id; only plain data and builtins.slice are allowed"
-        )
-
-
-def _check_plain(value: object) -> None:
-    """Refuse anything but the plain types (sets, bytes, ... can be built without a global)."""
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if type(item) not in _PLAIN_TYPES:
-            raise UnsafeMetadata(
-                f"metadata pickle contains a {type(item).__name__}; only plain data (dict, list, "
-                "tuple, str, int, float, bool, None) and slice are allowed"
-            )
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-        elif isinstance(item, slice):
-            stack.extend((item.start, item.stop, item.step))
-
-
-def safe_unpickle(data: bytes) -> object:
-    """Unpickle plain data and ``slice`` only; raise :class:`UnsafeMetadata` for anything else
-    (before it is called) and :class:`MetadataError` for a malformed pickle."""
-    if len(data) > MAX_METADATA_BYTES:
-        raise MetadataError(f"metadata pickle is {len(data)} bytes; at most {MAX_METADATA_BYTES}")
+def _read_json(raw: bytes, limits: MetadataLimits) -> object:
     try:
-        value = _PlainDataUnpickler(io.BytesIO(data)).load()
-    except UnsafeMetadata:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MetadataError(f"output_slices JSON is not UTF-8 text: {exc}") from exc
+    depth = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > limits.max_depth:
+            raise limit_exceeded(limits, "max_depth", where="output_slices JSON")
+
+    def integer(digits: str) -> int:
+        if len(digits) > limits.max_int_bits // 3 + 2:  # no conversion of a huge number
+            raise limit_exceeded(limits, "max_int_bits", where="output_slices JSON")
+        return checked_int(int(digits), limits, where="output_slices JSON", offset=None)
+
+    try:
+        value: object = json.loads(text, parse_int=integer)
+    except ModelContractError:
         raise
-    except Exception as exc:  # truncated, bad opcodes, wrong arguments to slice, ...
-        raise MetadataError(f"metadata is not a readable pickle: {exc!r}") from exc
-    _check_plain(value)
+    except (ValueError, RecursionError) as exc:
+        raise MetadataError(f"output_slices is not valid JSON: {shown(str(exc))}") from exc
+    check_extent(value, limits, where="output_slices JSON")
     return value
-
-
-# -- output_slices ------------------------------------------------------------------------------
 
 
 def _as_slice(head: object, value: object) -> slice:
@@ -123,13 +92,15 @@ def _as_slice(head: object, value: object) -> slice:
         (start, stop), step = value, None
     else:
         raise MetadataError(
-            f"output slice {head!r} is {value!r}; expected slice(start, stop) or [start, stop]"
+            f"output slice {shown_value(head)} is {shown_value(value)}; expected "
+            "slice(start, stop) or [start, stop]"
         )
     start = 0 if start is None else start
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop))
     if not ints or step not in (None, 1) or not 0 <= start < stop:
         raise MetadataError(
-            f"output slice {head!r} is {value!r}; expected integers 0 <= start < stop, no step"
+            f"output slice {shown_value(head)} is {shown_value(value)}; expected integers "
+            "0 <= start < stop, no step"
         )
     return slice(start, stop)
 
@@ -143,31 +114,37 @@ def _slice_table(value: object) -> dict[str, slice]:
     table: dict[str, slice] = {}
     for head, s in value.items():
         if not isinstance(head, str):
-            raise MetadataError(f"output slice name {head!r} is not a string")
+            raise MetadataError(f"output slice name {shown_value(head)} is not a string")
         table[head] = _as_slice(head, s)
     return table
 
 
-def parse_output_slices(text: str | bytes) -> dict[str, slice]:
+def parse_output_slices(
+    text: str | bytes, limits: MetadataLimits = DEFAULT_LIMITS
+) -> dict[str, slice]:
     """Read ``output_slices``: openpilot's base64 pickle of {name: slice}, or JSON
-    ``{"name": [start, stop]}``. Raises :class:`MetadataError` / :class:`UnsafeMetadata`."""
-    raw = text.encode() if isinstance(text, str) else bytes(text)
-    if len(raw) > MAX_METADATA_BYTES:
-        raise MetadataError(f"output_slices is {len(raw)} bytes; at most {MAX_METADATA_BYTES}")
+    ``{"name": [start, stop]}``, within ``limits``. Raises :class:`MetadataError` (or its
+    :class:`UnsafeMetadata`, :class:`MetadataLimitExceeded`) for anything else."""
+    if isinstance(text, str):
+        raw = text.encode("utf-8", "surrogatepass")
+    elif isinstance(text, bytes | bytearray | memoryview):
+        raw = bytes(text)
+    else:
+        raise MetadataError(f"output_slices is a {type(text).__name__}; expected text")
+    if len(raw) > limits.max_bytes:
+        raise limit_exceeded(
+            limits, "max_bytes", where="output_slices", found=f" (found {len(raw)})"
+        )
     stripped = raw.strip()
     if stripped.startswith(b"{"):  # '{' is not in the base64 alphabet
-        try:
-            value: object = json.loads(stripped)
-        except ValueError as exc:
-            raise MetadataError(f"output_slices is not valid JSON: {exc}") from exc
-        return _slice_table(value)
+        return _slice_table(_read_json(stripped, limits))
     try:
         data = base64.b64decode(stripped, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise MetadataError(
             f"output_slices is neither JSON nor base64 (openpilot's pickled dict): {exc}"
         ) from exc
-    return _slice_table(safe_unpickle(data))
+    return _slice_table(safe_unpickle(data, limits))
 
 
 def encode_output_slices(slices: Mapping[str, slice], *, as_json: bool = False) -> str:

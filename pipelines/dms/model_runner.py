@@ -1,7 +1,8 @@
 """Running a DMS model: onnxruntime on the CPU, on a worker thread, under the frame's bound.
 
-:class:`OnnxRunner` loads a model whose contract checks out (:func:`~pipelines.dms.model.load_contract`)
-and runs it with :meth:`OnnxRunner.run`:
+:class:`OnnxRunner` loads a model whose contract checks out (:func:`~pipelines.dms.model.read_contract`,
+then one run of its session on zero inputs, :func:`~pipelines.dms.model.check_real_output`) and runs
+it with :meth:`OnnxRunner.run`:
 
 * The session runs on a worker thread (:func:`aio_runtime.run_in_thread`); onnxruntime releases the
   GIL, so the event loop stays free.
@@ -58,7 +59,8 @@ from .model import (
     INPUT_IMG_SHAPE,
     ModelContract,
     ModelContractError,
-    load_contract,
+    check_real_output,
+    read_contract,
 )
 
 __all__ = [
@@ -114,7 +116,10 @@ class OnnxRunner:
 
     ``intra_op_threads`` (default 1): threads one run may use. ``drain_timeout``: how long an
     overrunning run is awaited after being asked to stop. ``cpus``: the CPUs the runner's thread
-    runs on (see :class:`~aio_runtime.WorkerThread`). Creating the session blocks for a few
+    runs on (see :class:`~aio_runtime.WorkerThread`). ``contract``: the model's contract, already
+    checked by the caller (:func:`~pipelines.dms.model.load_contract`); by default it is read
+    from the file and checked by one run of the runner's session on zero inputs, so the output
+    slices are known to fit the real output. Creating the runner blocks for a few tens of
     milliseconds; :meth:`open` does it on a worker thread under a bound.
     """
 
@@ -134,7 +139,7 @@ class OnnxRunner:
         drain = validate_timeout(drain_timeout, what="drain_timeout")
         assert drain is not None
         self.path = Path(model)
-        self.contract = contract if contract is not None else load_contract(self.path)
+        read = contract if contract is not None else read_contract(self.path)
         self.intra_op_threads = intra_op_threads
         self.drain_timeout = drain
         options = ort.SessionOptions()
@@ -150,6 +155,7 @@ class OnnxRunner:
             )
         except Exception as exc:
             raise ModelContractError(f"onnxruntime cannot load {self.path}: {exc}") from exc
+        self.contract = read if contract is not None else check_real_output(read, self._session)
         self._output_name = self.contract.output.name
         self._worker = WorkerThread(f"model {self.path.name}", cpus=cpus)
         """Runs the model: one long-lived thread, so runs never overlap and follow each other
