@@ -8,9 +8,7 @@ line on standard error (exit 2), never a traceback or a usage block.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
 from .exit_codes import ExitCode
@@ -27,6 +25,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("aio-dms")
     except PackageNotFoundError:
@@ -34,6 +34,8 @@ def _version() -> str:
 
 
 def _model_info(model: str | None) -> int:
+    import json
+
     from .dms.model import ModelContractError, load_contract
     from .dms.reference_model import reference_model_path
 
@@ -117,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv else None
     try:
         return _main(argv, stopping)
-    except Interrupted:
+    except Interrupted:  # before the command had begun its work: nothing published
+        if command in ("run", "replay"):
+            print("\nsummary (stopped: signal, before the service had started)")
+            print("  frames received      0")
         print("aio-dms: stopped by a signal before it had started", file=sys.stderr)
         return ExitCode.OK if command == "run" else ExitCode.INTERRUPTED
 

@@ -18,6 +18,7 @@ from aio_runtime import configure_logging
 from ..exit_codes import ExitCode
 from ..stopping import Interrupted, Stopping
 from .camera import Frame
+from .channels import FrameAccounting
 from .config import Mode, ServiceConfig, Setting, settings
 from .service import DmsService, StartupError, Summary
 
@@ -211,7 +212,8 @@ def run(
         print(f"{command}: {exc}" + (f" [{flag}]" if flag else ""), file=sys.stderr)
         return ExitCode.REFUSED
     except Interrupted:
-        print(f"{command}: stopped by a signal before the service had started", file=sys.stderr)
+        nothing = Summary(FrameAccounting())
+        print(format_summary(nothing, stopped="signal, before the service had started"), file=out)
         return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
     summary = ended.summary
     summary.frames.check()
