@@ -1,53 +1,29 @@
-"""The driverStateV2 message and its sinks: in-process subscriptions, ZeroMQ, JSON lines."""
+"""The driverStateV2 message, the in-process subscriptions, and sinks driven together."""
 
 from __future__ import annotations
 
 import base64
+import gc
 import json
-import select
-import subprocess
-import sys
-import textwrap
 
 import anyio
 import numpy as np
 import pytest
+from dms_messages import message
 
-from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
-from pipelines.dms.publish import JsonLinesSink, Subscriptions, ZmqSink
+from aio_runtime.testing import virtual_time
+from pipelines.dms.messages import READINESS_LAYERS, DriverStateV2
+from pipelines.dms.publish import (
+    LIVE_BACKLOG,
+    Delivery,
+    JsonLinesSink,
+    SinkFailed,
+    Sinks,
+    Subscriptions,
+    SubscriptionStalled,
+)
 
-pytestmark = pytest.mark.anyio
-
-READY = dict.fromkeys(READINESS_LAYERS, True)
-
-
-def driver(value: float = 0.25) -> dict[str, object]:
-    data: dict[str, object] = dict.fromkeys(DRIVER_FIELDS, np.float32(value))
-    data["faceOrientation"] = np.array([0.1, 0.2, 0.3], dtype=np.float32)
-    data["faceOrientationStd"] = [1.0, 1.0, 1.0]
-    data["facePosition"] = [0.0, -0.1]
-    data["facePositionStd"] = [0.5, 0.5]
-    return data
-
-
-def message(seq: int = 0, *, valid: bool = True, raw: bytes | None = None) -> DriverStateV2:
-    return DriverStateV2(
-        seq=seq,
-        frame_id=100 + seq,
-        timestamp_sof=1_000_000_000 + seq,
-        timestamp_eof=1_000_500_000 + seq,
-        frame_age=0.012,
-        availability="available" if valid else "unavailable",
-        reason="" if valid else "gpu-queue: compute timeline >= 5: timed out",
-        valid=valid,
-        readiness=READY if valid else {**READY, "taskComplete": False, "outputValid": False},
-        model_execution_time=0.009,
-        gpu_execution_time=0.008,
-        wheel_on_right_prob=0.01 if valid else None,
-        left_driver_data=driver() if valid else None,
-        right_driver_data=driver(0.5) if valid else None,
-        raw_predictions=raw,
-    )
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 def test_the_record_uses_openpilot_names_plus_ours():
@@ -83,103 +59,225 @@ def test_malformed_messages_are_refused_with_what_was_expected(change, complaint
         DriverStateV2(**fields)
 
 
+def assert_exact(stats):
+    """The sinks' invariant, once closed or drained: what was not delivered was dropped."""
+    assert stats.pending == 0
+    assert stats.dropped == stats.published - stats.delivered
+
+
+async def read_all(subscription, into):
+    async for m in subscription:
+        into.append(m.seq)
+
+
+# -- in-process subscriptions, live ------------------------------------------------------------
+
+
 async def test_subscribers_get_every_message_in_order_and_a_slow_one_loses_the_oldest():
     subscriptions = Subscriptions()
-    got: list[int] = []
-    slow: list[int] = []
+    everything, fast = subscriptions.subscribe(), []
+    slow_one, slow = subscriptions.subscribe(backlog=2), []
+    with anyio.fail_after(5):
+        for seq in range(5):
+            subscriptions.publish(message(seq))
+        subscriptions.close()
+        await read_all(everything, fast)
+        await read_all(slow_one, slow)
+    assert fast == [0, 1, 2, 3, 4]
+    assert slow == [3, 4]  # a backlog of 2: the oldest went (the gap shows in seq)
+    assert slow_one.stats().dropped == 3 and slow_one.stats().delivered == 2
+    total = subscriptions.stats()
+    assert (total.published, total.delivered, total.dropped) == (10, 7, 3)
+    assert_exact(total)
+
+
+async def test_a_live_subscriber_holds_200_then_drops_the_oldest_logged_when_it_starts_and_stops(
+    captured_logs,
+):
+    subscriptions = Subscriptions()
+    subscription = subscriptions.subscribe()
+    for seq in range(LIVE_BACKLOG + 50):
+        subscriptions.publish(message(seq))
+    assert subscription.stats().dropped == 50 and subscription.stats().pending == LIVE_BACKLOG
+    started = [e for e in captured_logs if e["event"] == "sink dropping messages"]
+    assert len(started) == 1 and started[0]["log_level"] == "warning"
+    assert started[0]["sink"] == subscription.name
+    with anyio.fail_after(5):
+        first = [(await anext(subscription)).seq for _ in range(LIVE_BACKLOG)]
+    assert first == list(range(50, LIVE_BACKLOG + 50))  # the newest 200
+    subscriptions.publish(message(LIVE_BACKLOG + 50))  # room again: the episode ends
+    [stopped] = [e for e in captured_logs if e["event"] == "sink stopped dropping"]
+    assert stopped["dropped"] == 50 and stopped["log_level"] == "warning"
+
+
+async def test_a_subscriber_that_stops_iterating_loses_what_it_held_counted_exactly():
+    subscriptions = Subscriptions(backlog=50)
+    subscription, seen = subscriptions.subscribe(), []
+    async with virtual_time():
+        for seq in range(300):
+            subscriptions.publish(message(seq))
+            if seq < 10:
+                seen.append((await anext(subscription)).seq)  # then it stops reading
+        stats = await subscriptions.aclose(timeout=5)  # nobody drains: 5 virtual seconds
+    assert seen == list(range(10))
+    assert (stats.published, stats.delivered, stats.dropped) == (300, 10, 290)
+    assert_exact(stats)
+    with anyio.fail_after(1):
+        assert [m async for m in subscription] == []  # closed: it ends
+
+
+async def test_a_subscriber_let_go_leaves_and_what_it_held_counts_as_dropped():
+    subscriptions = Subscriptions()
+    subscription = subscriptions.subscribe()
+    subscriptions.publish(message(0))
+    del subscription
+    gc.collect()
+    subscriptions.publish(message(1))  # to nobody
+    stats = subscriptions.stats()
+    assert (stats.published, stats.delivered, stats.dropped, stats.pending) == (1, 0, 1, 0)
+
+
+async def test_a_subscription_made_after_close_ends_at_once_and_aclose_leaves():
+    subscriptions = Subscriptions()
+    leaving = subscriptions.subscribe()
+    subscriptions.publish(message(0))
+    await leaving.aclose()
+    assert leaving.stats().dropped == 1
+    subscriptions.close()
+    with anyio.fail_after(1):
+        assert [m async for m in subscriptions.subscribe()] == []
+        assert [m async for m in leaving] == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "complaint"),
+    [
+        ({"backlog": 0}, "backlog must be"),
+        ({"backlog": 2.5}, "backlog must be"),
+        ({"stall_limit": 0}, "stall_limit must be"),
+        ({"stall_limit": float("nan")}, "stall_limit must be"),
+        ({"stall_limit": float("inf")}, "stall_limit must be"),
+    ],
+)
+def test_subscriptions_refuse_bounds_that_bound_nothing(arguments, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        Subscriptions(**arguments)
+
+
+# -- in-process subscriptions, replay ----------------------------------------------------------
+
+
+async def test_a_replay_waits_for_a_subscriber_stalled_5_s_and_it_gets_every_message():
+    subscriptions = Subscriptions(delivery=Delivery.REPLAY, backlog=20)
+    subscription, got = subscriptions.subscribe(), []
+    held: dict[str, float] = {}
 
     async def reader():
-        async for m in subscriptions.subscribe():
-            got.append(m.seq)
+        await anyio.sleep(5)  # stalled
+        held["published"] = subscriptions.stats().published
+        await read_all(subscription, got)
 
-    async def slow_reader(ready):
-        stream = subscriptions.subscribe(backlog=2)
-        first = anext(stream)
-        ready.set()
-        slow.append((await first).seq)
-        async for m in stream:
-            slow.append(m.seq)
+    async def producer():
+        start = anyio.current_time()
+        for seq in range(1000):
+            await subscriptions.room()
+            subscriptions.publish(message(seq))
+        held["took"] = anyio.current_time() - start
+        await subscriptions.aclose()
 
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(reader)
-            ready = anyio.Event()
-            tg.start_soon(slow_reader, ready)
-            await ready.wait()
-            await anyio.sleep(0.01)
-            for seq in range(5):
-                subscriptions.publish(message(seq))
-            subscriptions.close()
-    assert got == [0, 1, 2, 3, 4]
-    assert slow == [3, 4]  # a backlog of 2: the oldest went (the gap shows in seq)
-
-
-def test_json_lines_go_to_a_file_one_record_per_line(tmp_path):
-    path = tmp_path / "out.jsonl"
-    sink = JsonLinesSink(path)
-    for seq in range(3):
-        sink.publish(message(seq))
-    sink.close()
-    lines = path.read_text().splitlines()
-    assert [json.loads(line)["seq"] for line in lines] == [0, 1, 2]
+    async with virtual_time():
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader)
+                tg.start_soon(producer)
+    assert got == list(range(1000))
+    assert held["published"] == 20  # the backlog: the producer waited there
+    assert held["took"] >= 5
+    stats = subscriptions.stats()
+    assert stats.dropped == 0 and stats.delivered == 1000
+    assert_exact(stats)
 
 
-def test_zeromq_refuses_a_non_loopback_address_unless_asked():
-    with pytest.raises(ValueError, match="not a loopback"):
-        ZmqSink("tcp://0.0.0.0:0")
-    ZmqSink("tcp://127.0.0.1:0").close()
+async def test_a_subscriber_holding_a_replay_past_its_stall_limit_is_closed_and_counted(
+    captured_logs,
+):
+    subscriptions = Subscriptions(delivery=Delivery.REPLAY, backlog=10, stall_limit=3)
+    healthy, stalled = subscriptions.subscribe(), subscriptions.subscribe()
+    got, late = [], []
+    resume = anyio.Event()
+    when: dict[str, float] = {}
+
+    async def stalls():
+        for _ in range(5):
+            late.append((await anext(stalled)).seq)
+        await resume.wait()  # stops reading until the replay is over
+        with pytest.raises(SubscriptionStalled, match="3 s without reading"):
+            await read_all(stalled, late)
+
+    async def producer():
+        start = anyio.current_time()
+        for seq in range(100):
+            await subscriptions.room()
+            subscriptions.publish(message(seq))
+        when["took"] = anyio.current_time() - start
+        subscriptions.close()
+        resume.set()
+
+    async with virtual_time():
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_all, healthy, got)
+                tg.start_soon(stalls)
+                tg.start_soon(producer)
+    assert got == list(range(100))  # the replay went on for the healthy one
+    assert late == list(range(15))  # 5 read, then the 10 it held when it was closed
+    assert 3 <= when["took"] < 4
+    stats = stalled.stats()
+    assert (stats.published, stats.delivered, stats.dropped) == (100, 15, 85)
+    assert_exact(stats)
+    assert_exact(subscriptions.stats())
+    [closed] = [e for e in captured_logs if e["event"].startswith("subscription closed")]
+    assert closed["subscription"] == stalled.name
 
 
-SUBSCRIBER = textwrap.dedent(
-    """
-    import json, sys, zmq
-    context = zmq.Context()
-    socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.SUBSCRIBE, b"driverStateV2")
-    socket.setsockopt(zmq.RCVTIMEO, 10000)
-    socket.connect(sys.argv[1])
-    seen, joined = [], False
-    while len(seen) < 3:
-        topic, body = socket.recv_multipart()
-        seq = json.loads(body)["seq"]
-        if seq >= 1000:  # a probe: the subscription has reached the publisher
-            if not joined:
-                print("joined", flush=True)
-                joined = True
-            continue
-        seen.append(seq)
-    print(json.dumps(seen), flush=True)
-    """
-)
+# -- sinks together ----------------------------------------------------------------------------
 
 
-def test_zeromq_reaches_a_subscriber_in_another_process():
-    sink = ZmqSink("tcp://127.0.0.1:0")
-    child = subprocess.Popen(
-        [sys.executable, "-c", SUBSCRIBER, sink.address], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        # ZeroMQ's slow joiner: probe until the subscriber says a probe arrived.
-        for probe in range(1000, 2000):
-            sink.publish(message(probe))
-            if select.select([child.stdout], [], [], 0.01)[0]:
-                break
-        assert child.stdout.readline().strip() == "joined"
-        for seq in range(3):
-            sink.publish(message(seq))
-        out, _ = child.communicate(timeout=15)
-        assert json.loads(out.strip()) == [0, 1, 2]
-    finally:
-        child.kill()
-        sink.close()
+async def test_sinks_together_wait_for_the_slowest_and_report_each():
+    quick = Subscriptions(delivery=Delivery.REPLAY, backlog=5, name="quick")
+    slow = Subscriptions(delivery=Delivery.REPLAY, backlog=5, name="slow")
+    sinks = Sinks([quick, slow])
+    readers = [quick.subscribe(), slow.subscribe()]
+    got: list[list[int]] = [[], []]
+
+    async def read(index, pause):
+        async for m in readers[index]:
+            got[index].append(m.seq)
+            await anyio.sleep(pause)
+
+    async with virtual_time():
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, 0, 0.01)
+                tg.start_soon(read, 1, 1.0)
+                for seq in range(30):
+                    await sinks.room()
+                    sinks.publish(message(seq))
+                stats = await sinks.aclose(timeout=60)
+    assert got == [list(range(30)), list(range(30))]
+    assert [s.name for s in stats] == ["quick", "slow"]
+    for s in stats:
+        assert (s.published, s.delivered, s.dropped) == (30, 30, 0)
 
 
-def test_a_json_lines_sink_that_cannot_write_fails_alone(tmp_path):
-    sink = JsonLinesSink("/dev/full")
-    for seq in range(5):
-        sink.publish(message(seq))  # never raises, never blocks
-    sink.close()
-    assert sink.failed is not None and "OSError" in sink.failed
-    sink.publish(message(9))
-    assert sink.dropped >= 1
+async def test_sinks_together_say_which_one_failed_as_soon_as_it_does():
+    sinks = Sinks([Subscriptions(), JsonLinesSink("/dev/full")])
+    sinks.publish(message(0))
+    with anyio.fail_after(10):
+        failure = await sinks.wait_failure()
+    assert isinstance(failure, SinkFailed) and failure.sink == "jsonl /dev/full"
+    assert sinks.failure() is failure
+    stats = await sinks.aclose(timeout=1)
+    assert stats[1].failed == str(failure)
+    for s in stats:
+        assert_exact(s)
