@@ -44,8 +44,7 @@ def _spawn(*args: str, **popen) -> subprocess.Popen[str]:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_as_soon_as_the_entry_point_runs_stops_it_cleanly(signum):
-    child = _spawn("run", *CPU, "--duration", "60")
-    try:
+    with _spawn("run", *CPU, "--duration", "60") as child:
         deadline = time.monotonic() + 60
         while not _handles(child.pid, signal.SIGTERM):  # the entry point's first line has run
             assert child.poll() is None and time.monotonic() < deadline
@@ -54,8 +53,6 @@ def test_a_signal_as_soon_as_the_entry_point_runs_stops_it_cleanly(signum):
         child.send_signal(signum)
         out, err = child.communicate(timeout=30)
         took = time.monotonic() - sent
-    finally:
-        child.kill()
     assert child.returncode == ExitCode.OK, err
     assert "Traceback" not in err and "stopped by a signal" in err + out, err
     assert took < 30  # bounded (the figure, ~0.1 s, is the benchmark's to quote, not a test's)
@@ -129,3 +126,29 @@ def test_a_signal_mid_run_ends_it_with_its_summary_and_the_tables_exit_code(
     assert result == code
     assert "summary (stopped: signal)" in captured.out
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_file_sink_fails_the_run():
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with _spawn("run", *CPU, "--frames", "40", "--jsonl", "/dev/full") as child:
+        _, err = child.communicate(timeout=100)
+    assert child.returncode == ExitCode.FAILED, err
+    assert "a sink failed" in err and "ENOSPC" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(120)
+def test_standard_output_closed_by_its_reader_ends_the_run_like_a_signal():
+    with _spawn("run", *CPU, "--duration", "60", "--jsonl", "-") as child:
+        assert child.stdout is not None and child.stderr is not None
+        lines = [child.stdout.readline() for _ in range(3)]  # like `| head -3`
+        child.stdout.close()
+        try:
+            err = child.stderr.read()
+            child.wait(timeout=30)
+        finally:
+            child.kill()
+    assert all(line.startswith('{"seq":') for line in lines)
+    assert child.returncode == ExitCode.OK, err
+    assert "standard output closed by its reader" in err and "Traceback" not in err

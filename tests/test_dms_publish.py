@@ -12,10 +12,10 @@ import pytest
 from dms_messages import message
 
 from aio_runtime.testing import virtual_time
+from pipelines.dms.config import Mode
 from pipelines.dms.messages import READINESS_LAYERS, DriverStateV2
 from pipelines.dms.publish import (
     LIVE_BACKLOG,
-    Delivery,
     JsonLinesSink,
     SinkFailed,
     Sinks,
@@ -168,7 +168,7 @@ def test_subscriptions_refuse_bounds_that_bound_nothing(arguments, complaint):
 
 
 async def test_a_replay_waits_for_a_subscriber_stalled_5_s_and_it_gets_every_message():
-    subscriptions = Subscriptions(delivery=Delivery.REPLAY, backlog=20)
+    subscriptions = Subscriptions(delivery=Mode.REPLAY, backlog=20)
     subscription, got = subscriptions.subscribe(), []
     held: dict[str, float] = {}
 
@@ -201,7 +201,7 @@ async def test_a_replay_waits_for_a_subscriber_stalled_5_s_and_it_gets_every_mes
 async def test_a_subscriber_holding_a_replay_past_its_stall_limit_is_closed_and_counted(
     captured_logs,
 ):
-    subscriptions = Subscriptions(delivery=Delivery.REPLAY, backlog=10, stall_limit=3)
+    subscriptions = Subscriptions(delivery=Mode.REPLAY, backlog=10, stall_limit=3)
     healthy, stalled = subscriptions.subscribe(), subscriptions.subscribe()
     got, late = [], []
     resume = anyio.Event()
@@ -244,8 +244,8 @@ async def test_a_subscriber_holding_a_replay_past_its_stall_limit_is_closed_and_
 
 
 async def test_sinks_together_wait_for_the_slowest_and_report_each():
-    quick = Subscriptions(delivery=Delivery.REPLAY, backlog=5, name="quick")
-    slow = Subscriptions(delivery=Delivery.REPLAY, backlog=5, name="slow")
+    quick = Subscriptions(delivery=Mode.REPLAY, backlog=5, name="quick")
+    slow = Subscriptions(delivery=Mode.REPLAY, backlog=5, name="slow")
     sinks = Sinks([quick, slow])
     readers = [quick.subscribe(), slow.subscribe()]
     got: list[list[int]] = [[], []]

@@ -92,3 +92,62 @@ async def test_the_duration_bounds_a_live_run_whatever_the_camera_does():
                 ended = now()
     assert 3.0 <= ended - started < 4.0
     assert service.summary.frames.received == 1
+
+
+async def test_a_replay_waits_for_a_reader_that_stalls_and_loses_nothing(tmp_path):
+    path = tmp_path / "cabin.dmsrec"
+    ids = list(range(30))
+    cabin_recording(path, ids, 10**12)
+    config = ServiceConfig(
+        camera=str(path), mode=Mode.REPLAY, no_budget=True, health_port=None, **CPU
+    )
+    got = []
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)) as clock:
+            with anyio.fail_after(60):
+                async with DmsService(config) as service:
+                    reader = service.messages(backlog=4)
+
+                    async def read():
+                        async for message in reader:
+                            got.append(message)
+                            if len(got) == 5:
+                                stalled_at = clock.now()
+                                await anyio.sleep(5.0)  # the reader stalls for 5 s
+                                assert clock.now() - stalled_at >= 5.0
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(read)
+                        await service.finished()
+                        tg.cancel_scope.cancel()
+    assert [m.frame_id for m in got] == ids and [m.seq for m in got] == list(range(30))
+    frames = service.summary.frames
+    frames.check()
+    assert not frames.dropped
+    (subscriptions,) = (s for s in service.summary.sinks if s.name == "subscriptions")
+    assert subscriptions.dropped == 0
+
+
+async def test_live_a_stalled_reader_loses_only_what_is_counted():
+    config = ServiceConfig(frames=40, health_port=None, **CPU)
+    got = []
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            with anyio.fail_after(60):
+                async with DmsService(config) as service:
+                    reader = service.messages(backlog=8)
+
+                    async def read():
+                        async for message in reader:
+                            got.append(message)
+                            if len(got) == 3:
+                                await anyio.sleep(3600)  # never reads again
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(read)
+                        await service.finished()
+                        tg.cancel_scope.cancel()
+    (subscriptions,) = (s for s in service.summary.sinks if s.name == "subscriptions")
+    published = service.summary.frames.ended - sum(service.summary.frames.dropped.values())
+    assert subscriptions.published == published
+    assert subscriptions.dropped == subscriptions.published - subscriptions.delivered > 0

@@ -11,9 +11,9 @@ import pytest
 from dms_messages import message
 
 from aio_runtime.testing import virtual_time
+from pipelines.dms.config import Mode
 from pipelines.dms.publish import (
     LIVE_BACKLOG,
-    Delivery,
     JsonLinesSink,
     ReaderClosed,
     SinkFailed,
@@ -56,7 +56,7 @@ def test_json_lines_go_to_a_file_one_record_per_line_appended(tmp_path):
     lines = path.read_text().splitlines()
     assert [json.loads(line)["seq"] for line in lines] == [-1, 0, 1, 2]
     assert (stats.published, stats.delivered, stats.dropped, stats.failed) == (3, 3, 0, None)
-    assert stats.name == f"jsonl {path}" and stats.delivery is Delivery.LIVE
+    assert stats.name == f"jsonl {path}" and stats.delivery is Mode.LIVE
 
 
 def test_a_path_that_cannot_be_written_is_refused_in_one_line(tmp_path, fifo):
@@ -84,7 +84,7 @@ def test_a_file_without_write_permission_is_refused(tmp_path):
         JsonLinesSink(path)
 
 
-@pytest.mark.parametrize("delivery", list(Delivery))
+@pytest.mark.parametrize("delivery", list(Mode))
 async def test_a_full_disk_fails_the_sink_at_once_logged_once(delivery, captured_logs):
     sink = JsonLinesSink("/dev/full", delivery=delivery, backlog=2)
     sink.publish(message(0))
@@ -145,7 +145,7 @@ async def test_a_live_sink_holds_200_lines_for_a_stalled_reader_before_dropping(
 
 async def test_a_replay_waits_for_a_reader_stalled_5_s_and_loses_nothing(fifo):
     path, reader = fifo
-    sink = JsonLinesSink(path, delivery=Delivery.REPLAY, backlog=20)
+    sink = JsonLinesSink(path, delivery=Mode.REPLAY, backlog=20)
     line_size = len(message(0).to_json()) + 1
     got: list[int] = []
     held: dict[str, int] = {}
@@ -219,7 +219,7 @@ async def test_a_fifo_closed_by_its_reader_is_a_failure(tmp_path):
 
 async def test_closing_writes_what_is_held_for_a_reading_reader(fifo):
     path, reader = fifo
-    sink = JsonLinesSink(path, delivery=Delivery.REPLAY, backlog=1000)
+    sink = JsonLinesSink(path, delivery=Mode.REPLAY, backlog=1000)
     for seq in range(100):
         sink.publish(message(seq))
     got: list[dict] = []

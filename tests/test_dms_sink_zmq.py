@@ -15,7 +15,8 @@ import zmq
 from dms_messages import message
 from zmq.utils.monitor import recv_monitor_message
 
-from pipelines.dms.publish import TOPIC, AddressInUse, Delivery, ZmqSink, check_address
+from pipelines.dms.config import Mode
+from pipelines.dms.publish import TOPIC, AddressInUse, ZmqSink, check_zmq_address
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -109,7 +110,7 @@ def test_a_bad_address_is_refused_up_front_in_one_line(address, complaint):
     ],
 )
 def test_good_addresses_pass_the_check(address, allow_remote):
-    assert check_address(address, allow_remote=allow_remote) == address
+    assert check_zmq_address(address, allow_remote=allow_remote) == address
 
 
 @pytest.mark.parametrize("address", ["tcp://localhost:*", "tcp://[::1]:0", "ipc", "inproc://dms"])
@@ -185,7 +186,7 @@ def test_a_stalled_subscriber_makes_sends_fail_counted_exactly_for_every_subscri
 ):
     """XPUB_NODROP: a message goes to every subscriber or to none. The stalled one and the healthy
     one beside it both receive exactly the messages counted as delivered, in order."""
-    sink = ZmqSink("tcp://127.0.0.1:0", delivery=Delivery.REPLAY, high_water_mark=20)
+    sink = ZmqSink("tcp://127.0.0.1:0", delivery=Mode.REPLAY, high_water_mark=20)
     stalled = subscriber(sink.address, RCVHWM=20, RCVBUF=64 * 1024)
     healthy = subscriber(sink.address)
     try:

@@ -28,7 +28,6 @@ from .config_values import (
     Setting,
     is_loopback,
     setting,
-    zmq_endpoint_host,
 )
 from .faults import FAULT_NAMES, FaultSpec, parse_faults
 
@@ -319,12 +318,13 @@ class ServiceConfig:
             self.faults = tuple(self.faults)
         for item, declared in settings():
             setattr(self, item.name, declared.accept(item.name, getattr(self, item.name)))
-        for what, host in (("health_host", self.health_host), ("zmq", self._zmq_host())):
-            if host is not None and not self.allow_remote and not is_loopback(host):
-                raise ValueError(
-                    f"{what} {getattr(self, what)!r} is not a loopback address: refused unless "
-                    "allow_remote (--allow-remote) is set"
-                )
+        if not self.allow_remote and not is_loopback(self.health_host):
+            raise ValueError(
+                f"health_host {self.health_host!r} is not a loopback address: refused unless "
+                "allow_remote (--allow-remote) is set"
+            )
+        if self.zmq is not None:
+            values.check_zmq_address(self.zmq, allow_remote=self.allow_remote)
         if self.calib is not None:
             self.calib = values.check_calibration(self.calib)
         if self.backoff_max < self.backoff_initial:
@@ -336,9 +336,6 @@ class ServiceConfig:
             raise ValueError("no_budget is for replays (mode 'replay', aio-dms replay)")
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
             raise ValueError("accelerator faults need --device sim")
-
-    def _zmq_host(self) -> str | None:
-        return None if self.zmq is None else zmq_endpoint_host(self.zmq)
 
     def check_environment(self) -> None:
         """What depends on the machine: the camera and model files exist and can be read; the

@@ -13,6 +13,7 @@ import enum
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "at_least_one",
     "calibration",
     "check_calibration",
+    "check_zmq_address",
     "choice",
     "flag_value",
     "host_value",
@@ -50,7 +52,6 @@ __all__ = [
     "threads_value",
     "within",
     "writable_file",
-    "zmq_endpoint_host",
     "zmq_value",
 ]
 
@@ -156,34 +157,53 @@ def host_value(value: Any) -> str | None:
     return None if ok else "must be an IP address or 'localhost'"
 
 
-_ZMQ_ENDPOINT = "tcp://HOST:PORT (PORT 1 to 65535, or * for any), ipc://PATH or inproc://NAME"
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_IPC_PATH_MAX = 107  # sun_path, less its terminating NUL
 
 
-def zmq_endpoint_host(address: str) -> str | None:
-    """The host a ZeroMQ endpoint binds (None for ``ipc://`` and ``inproc://``, which stay on
-    this machine); :class:`ValueError` for an endpoint that is not ``tcp://HOST:PORT`` (PORT 1 to
-    65535, or ``*`` for any free one), ``ipc://PATH`` or ``inproc://NAME``."""
-    expected = f"expected {_ZMQ_ENDPOINT}"
+def check_zmq_address(address: str, *, allow_remote: bool = False) -> str:
+    """``address`` if a ZeroMQ socket can bind it — ``tcp://HOST:PORT`` (PORT 0 to 65535, 0 or
+    ``*``: any free port), ``ipc://PATH`` or ``inproc://NAME`` — on loopback unless
+    ``allow_remote``; else :class:`ValueError` saying why."""
     scheme, sep, rest = address.partition("://")
-    if not sep or not rest:
-        raise ValueError(f"{expected}, got {address!r}")
-    if scheme in ("ipc", "inproc"):
-        return None
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
+        raise ValueError(
+            f"zmq address {address!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+        )
+    if scheme == "ipc" and len(rest.encode()) > _IPC_PATH_MAX:
+        raise ValueError(f"zmq address {address!r}: an ipc path is at most {_IPC_PATH_MAX} bytes")
+    if scheme != "tcp":
+        return address  # local by nature
     host, colon, port = rest.rpartition(":")
-    if scheme != "tcp" or not colon or host_value(host.strip("[]")) is not None:
-        raise ValueError(f"{expected}, got {address!r}")
-    if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
-        raise ValueError(f"{expected}, got {address!r}")
-    return host.strip("[]")
+    if not colon or not host:
+        raise ValueError(f"zmq address {address!r}: expected tcp://HOST:PORT")
+    if port != "*" and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(
+            f"zmq address {address!r}: port {port!r} is not 0-65535 (0 or *: any free port)"
+        )
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "*" and not _HOSTNAME.fullmatch(host):
+            raise ValueError(f"zmq address {address!r}: {host!r} is not a host") from None
+    if not allow_remote and not is_loopback(host):
+        raise ValueError(
+            f"zmq address {address!r} is not a loopback address: refused unless allow_remote "
+            "(--allow-remote) is set"
+        )
+    return address
 
 
 def zmq_value(value: Any) -> str | None:
     if value is None:
         return None
+    if not isinstance(value, str):
+        return "must be a ZeroMQ address (tcp://HOST:PORT, ipc://PATH or inproc://NAME)"
     try:
-        zmq_endpoint_host(value)
-    except (ValueError, AttributeError):
-        return f"must be a ZeroMQ endpoint, {_ZMQ_ENDPOINT}"
+        check_zmq_address(value, allow_remote=True)
+    except ValueError as exc:
+        return f"is not one a socket can bind ({str(exc).split(': ', 1)[-1]})"
     return None
 
 

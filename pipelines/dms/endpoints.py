@@ -14,7 +14,6 @@ device state, so no authentication is needed.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aio_runtime import Availability
+
+from .config_values import is_loopback
 
 __all__ = ["HealthState", "Metrics", "create_app", "serve"]
 
@@ -129,11 +130,7 @@ def create_app(state: Callable[[], HealthState], metrics: Metrics) -> Starlette:
 
 
 def _check_loopback(host: str, allow_remote: bool) -> None:
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
+    if not is_loopback(host) and not allow_remote:
         raise ValueError(
             f"refusing to serve health and metrics on {host}: not a loopback address "
             "(pass allow_remote to serve beyond this machine)"

@@ -1,7 +1,8 @@
 """Where messages go: an in-process subscription for embedding applications, ZeroMQ, JSON lines.
 
 Every sink gets the same :class:`~pipelines.dms.messages.DriverStateV2`; ZeroMQ and JSON lines carry
-the same JSON record. Each sink is made with a :class:`Delivery` mode, and states its policy:
+the same JSON record. Each sink is made for a mode (:class:`~pipelines.dms.config.Mode`: live or
+replay), and states its policy:
 
 ================  ==================================  ==========================================
 sink              live                                replay
@@ -35,7 +36,6 @@ from .sinks_policy import (
     DRAIN_TIMEOUT,
     LIVE_BACKLOG,
     STALL_LIMIT,
-    Delivery,
     ReaderClosed,
     Sink,
     SinkError,
@@ -43,7 +43,7 @@ from .sinks_policy import (
     SinkStats,
     SubscriptionStalled,
 )
-from .sinks_zmq import TOPIC, AddressInUse, ZmqSink, check_address
+from .sinks_zmq import TOPIC, AddressInUse, ZmqSink, check_zmq_address
 
 __all__ = [
     "DRAIN_TIMEOUT",
@@ -51,7 +51,6 @@ __all__ = [
     "STALL_LIMIT",
     "TOPIC",
     "AddressInUse",
-    "Delivery",
     "JsonLinesSink",
     "ReaderClosed",
     "Sink",
@@ -63,7 +62,7 @@ __all__ = [
     "SubscriptionStalled",
     "Subscriptions",
     "ZmqSink",
-    "check_address",
+    "check_zmq_address",
 ]
 
 

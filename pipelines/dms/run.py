@@ -129,6 +129,11 @@ def format_summary(summary: Summary, *, stopped: str | None = None) -> str:
         f"p50 {summary.latency_ms(50):.1f}  p99 {summary.latency_ms(99):.1f}  "
         f"max {summary.latency_ms(100):.1f}"
     )
+    for sink in summary.sinks:
+        lines.append(
+            f"  sink {sink.name:<14} published {sink.published}, delivered {sink.delivered}, "
+            f"dropped {sink.dropped}" + (f"; failed: {sink.failed}" if sink.failed else "")
+        )
     lines.append("  availability")
     start = summary.transitions[0][0] if summary.transitions else 0.0
     for when, state in summary.transitions:
@@ -217,9 +222,16 @@ def run(
         return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
     summary = ended.summary
     summary.frames.check()
-    print(format_summary(summary, stopped="signal" if ended.stopped else None), file=out)
-    if ended.stopped:
+    stopped = "signal" if ended.stopped else None
+    if summary.reader_closed is not None:
+        stopped = "standard output closed by its reader"
+        out = sys.stderr
+    print(format_summary(summary, stopped=stopped), file=out)
+    if stopped is not None:
         return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
+    if summary.sink_error is not None:
+        print(f"{command}: a sink failed: {summary.sink_error}", file=sys.stderr)
+        return ExitCode.FAILED
     if summary.camera_error is not None:
         print(f"{command}: the camera failed: {summary.camera_error}", file=sys.stderr)
         return ExitCode.FAILED

@@ -38,11 +38,11 @@ import anyio.to_thread
 
 from aio_runtime import get_logger
 
+from .config import Mode
 from .messages import DriverStateV2
 from .sinks_policy import (
     DRAIN_TIMEOUT,
     LIVE_BACKLOG,
-    Delivery,
     DropLog,
     ReaderClosed,
     SinkError,
@@ -74,7 +74,7 @@ class JsonLinesSink:
         self,
         path: str | Path,
         *,
-        delivery: Delivery = Delivery.LIVE,
+        delivery: Mode = Mode.LIVE,
         backlog: int = LIVE_BACKLOG,
         name: str | None = None,
     ) -> None:
@@ -110,12 +110,12 @@ class JsonLinesSink:
         return self._name
 
     @property
-    def delivery(self) -> Delivery:
+    def delivery(self) -> Mode:
         return self._delivery
 
     def publish(self, message: DriverStateV2) -> None:
         line = (message.to_json() + "\n").encode()
-        live = self._delivery is Delivery.LIVE
+        live = self._delivery is Mode.LIVE
         with self._lock:
             self._published += 1
             if self._failure is not None or self._closing:
@@ -134,7 +134,7 @@ class JsonLinesSink:
             self._drops.delivering()
 
     async def room(self) -> None:
-        if self._delivery is Delivery.LIVE:
+        if self._delivery is Mode.LIVE:
             return
         while True:
             with self._lock:

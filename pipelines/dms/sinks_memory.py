@@ -29,12 +29,12 @@ import anyio
 
 from aio_runtime import get_logger
 
+from .config import Mode
 from .messages import DriverStateV2
 from .sinks_policy import (
     DRAIN_TIMEOUT,
     LIVE_BACKLOG,
     STALL_LIMIT,
-    Delivery,
     DropLog,
     SinkError,
     SinkStats,
@@ -125,7 +125,7 @@ class Subscriptions:
     def __init__(
         self,
         *,
-        delivery: Delivery = Delivery.LIVE,
+        delivery: Mode = Mode.LIVE,
         backlog: int = LIVE_BACKLOG,
         stall_limit: float = STALL_LIMIT,
         name: str = "subscriptions",
@@ -151,7 +151,7 @@ class Subscriptions:
         return self._name
 
     @property
-    def delivery(self) -> Delivery:
+    def delivery(self) -> Mode:
         return self._delivery
 
     def subscribe(self, *, backlog: int | None = None) -> Subscription:
@@ -167,7 +167,7 @@ class Subscriptions:
         return Subscription(self, queue)
 
     def publish(self, message: DriverStateV2) -> None:
-        live = self._delivery is Delivery.LIVE
+        live = self._delivery is Mode.LIVE
         for queue in self._queues.values():
             queue.published += 1
             if queue.stalled is not None or queue.ended:
@@ -185,7 +185,7 @@ class Subscriptions:
     async def room(self) -> None:
         """Replay: return once every subscriber holds fewer than its backlog, closing any that
         held the replay ``stall_limit`` seconds without reading. Live: at once."""
-        if self._delivery is Delivery.LIVE:
+        if self._delivery is Mode.LIVE:
             return
         while True:
             full = [q for q in self._queues.values() if q.full() and q.stalled is None]

@@ -1,13 +1,13 @@
 """What every sink promises: a delivery mode, one shape of statistics, typed errors.
 
-A sink is given its :class:`Delivery` when it is made:
+A sink is given its :class:`Mode` when it is made:
 
-- :attr:`Delivery.LIVE`: ``publish()`` never blocks and never waits on a consumer. Each sink has a
+- :attr:`Mode.LIVE`: ``publish()`` never blocks and never waits on a consumer. Each sink has a
   bounded backlog; past it, messages are dropped and counted. The file sink and the in-process
   subscriptions hold at least :data:`LIVE_BACKLOG` messages (10 s at 20 Hz) before dropping, and
   drop the oldest (latest wins). Dropping is logged when it starts and when it stops, with the
   count.
-- :attr:`Delivery.REPLAY`: nothing is lost. ``publish()`` stays synchronous and never drops; the
+- :attr:`Mode.REPLAY`: nothing is lost. ``publish()`` stays synchronous and never drops; the
   producer applies backpressure by awaiting :meth:`Sink.room` before it produces the next message,
   which returns once the sink's backlog is below its bound. A sink that failed never holds a
   replay (its room is always there); an in-process subscriber that stops reading is closed after a
@@ -21,7 +21,6 @@ is 0, so ``dropped == published - delivered``.
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,13 +30,14 @@ import anyio
 
 from aio_runtime import get_logger, loop_caller
 
+from .config import Mode
 from .messages import DriverStateV2
 
 __all__ = [
     "DRAIN_TIMEOUT",
     "LIVE_BACKLOG",
     "STALL_LIMIT",
-    "Delivery",
+    "Mode",
     "DropLog",
     "ReaderClosed",
     "Sink",
@@ -59,15 +59,6 @@ STALL_LIMIT = 10.0
 _log = get_logger(__name__)
 
 
-class Delivery(enum.Enum):
-    """How a sink treats a consumer that falls behind (see the module's description)."""
-
-    LIVE = "live"
-    """Never wait: a bounded backlog, then drop (counted, logged)."""
-    REPLAY = "replay"
-    """Lose nothing: the producer awaits ``room()`` before each message."""
-
-
 @dataclass(frozen=True)
 class SinkStats:
     """One sink's counts. ``published == delivered + dropped + pending`` always holds.
@@ -80,7 +71,7 @@ class SinkStats:
     """
 
     name: str
-    delivery: Delivery
+    delivery: Mode
     published: int = 0
     delivered: int = 0
     dropped: int = 0
@@ -118,7 +109,7 @@ class Sink(Protocol):
     def name(self) -> str: ...
 
     @property
-    def delivery(self) -> Delivery: ...
+    def delivery(self) -> Mode: ...
 
     def publish(self, message: DriverStateV2) -> None:
         """Take one message; never blocks (a replay's producer awaits :meth:`room` first)."""

@@ -27,7 +27,7 @@ Sends never block, whatever the delivery mode: a replay is never held by network
   libzmq 4.3 does not retry a refused connection. The cap covers ``tcp://`` and ``ipc://``;
   ``inproc://`` peers are the embedding application's own and have no handshake.
 
-Addresses are checked up front (:func:`check_address`): the form, a port of 0-65535 (0 or ``*``:
+Addresses are checked up front (:func:`check_zmq_address`): the form, a port of 0-65535 (0 or ``*``:
 any free one), and the loopback rule (design C9: refused unless ``allow_remote``); a bad one is a
 :class:`ValueError` in one line. An address in use is :class:`AddressInUse`, an :class:`OSError`
 (``errno.EADDRINUSE``) naming it.
@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import itertools
-import re
 import threading
 
 import anyio.to_thread
@@ -48,10 +46,11 @@ from zmq.utils.monitor import parse_monitor_message
 
 from aio_runtime import get_logger
 
+from .config import Mode
+from .config_values import check_zmq_address
 from .messages import DriverStateV2
 from .sinks_policy import (
     DRAIN_TIMEOUT,
-    Delivery,
     DropLog,
     SinkError,
     SinkFailed,
@@ -68,7 +67,7 @@ __all__ = [
     "TOPIC",
     "AddressInUse",
     "ZmqSink",
-    "check_address",
+    "check_zmq_address",
 ]
 
 TOPIC = b"driverStateV2"
@@ -80,8 +79,6 @@ SEND_BUFFER = 128 * 1024
 MAX_SUBSCRIBERS = 8
 
 _log = get_logger(__name__)
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
-_IPC_PATH_MAX = 107  # sun_path, less its terminating NUL
 _ZAP = "inproc://zeromq.zap.01"
 _gates = itertools.count()
 _STOP_WAIT = 5.0
@@ -92,40 +89,6 @@ class AddressInUse(OSError):
     """Something already listens on the address."""
 
 
-def check_address(address: str, *, allow_remote: bool = False) -> str:
-    """``address`` if it is one this sink can bind, else :class:`ValueError` saying why."""
-    scheme, sep, rest = address.partition("://")
-    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
-        raise ValueError(
-            f"zmq address {address!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
-        )
-    if scheme == "ipc" and len(rest.encode()) > _IPC_PATH_MAX:
-        raise ValueError(f"zmq address {address!r}: an ipc path is at most {_IPC_PATH_MAX} bytes")
-    if scheme != "tcp":
-        return address  # local by nature
-    host, colon, port = rest.rpartition(":")
-    if not colon or not host:
-        raise ValueError(f"zmq address {address!r}: expected tcp://HOST:PORT")
-    if port != "*" and not (port.isascii() and port.isdigit() and int(port) <= 65535):
-        raise ValueError(
-            f"zmq address {address!r}: port {port!r} is not 0-65535 (0 or *: any free port)"
-        )
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        if host != "*" and not _HOST.fullmatch(host):
-            raise ValueError(f"zmq address {address!r}: {host!r} is not a host") from None
-        loopback = host == "localhost"
-    if not loopback and not allow_remote:
-        raise ValueError(
-            f"refusing to publish on {address}: not a loopback address (pass allow_remote "
-            "to publish beyond this machine)"
-        )
-    return address
-
-
 class ZmqSink:
     """ZeroMQ on ``address`` (see the module's description for the policy and its bounds)."""
 
@@ -133,13 +96,13 @@ class ZmqSink:
         self,
         address: str = DEFAULT_ADDRESS,
         *,
-        delivery: Delivery = Delivery.LIVE,
+        delivery: Mode = Mode.LIVE,
         allow_remote: bool = False,
         high_water_mark: int = HIGH_WATER_MARK,
         max_subscribers: int = MAX_SUBSCRIBERS,
         name: str | None = None,
     ) -> None:
-        check_address(address, allow_remote=allow_remote)
+        check_zmq_address(address, allow_remote=allow_remote)
         check_backlog(high_water_mark, what="high_water_mark")
         check_backlog(max_subscribers, what="max_subscribers", unit="subscribers")
         self._name = name or f"zmq {address}"
@@ -180,7 +143,7 @@ class ZmqSink:
         return self._name
 
     @property
-    def delivery(self) -> Delivery:
+    def delivery(self) -> Mode:
         return self._delivery
 
     @property

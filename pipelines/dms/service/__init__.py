@@ -85,7 +85,10 @@ class DmsService:
         self.device = ModelDevice(cfg, self.availability, transport=transport)
         self._faults = ServiceFaults(cfg.faults, self.device.plan)
         self.outcomes = FrameOutcomes(
-            self.availability, lambda: self.device.readiness, raw_predictions=cfg.raw_predictions
+            self.availability,
+            lambda: self.device.readiness,
+            raw_predictions=cfg.raw_predictions,
+            mode=cfg.mode,
         )
         self.metrics = self.outcomes.metrics
         self.health_port: int | None = None
@@ -114,7 +117,8 @@ class DmsService:
         try:
             self._tg = await started_group(self._run)
         except BaseException:
-            self.outcomes.close_sinks()
+            with anyio.CancelScope(shield=True):
+                await self.outcomes.close_sinks()
             raise
         return self
 
@@ -124,13 +128,17 @@ class DmsService:
         try:
             return await self._tg.__aexit__(*exc_info)
         finally:
-            self.outcomes.close_sinks()
+            with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
+                await self.outcomes.close_sinks()
 
     async def finished(self) -> Summary:
         await self._done.wait()
         return self.summary
 
-    def messages(self, backlog: int = 64) -> AsyncIterator[DriverStateV2]:
+    def messages(self, backlog: int | None = None) -> AsyncIterator[DriverStateV2]:
+        """Every message from now on (``backlog``: how many may wait unread; by default the
+        sink's, 200). Live, a reader that falls behind loses the oldest, counted; replaying, it
+        holds the replay back (for at most the stall limit)."""
         return self.outcomes.subscriptions.subscribe(backlog=backlog)
 
     def transitions(self) -> AbstractContextManager[MemoryObjectReceiveStream[Transition]]:
@@ -162,6 +170,7 @@ class DmsService:
                         outcomes=outcomes,
                     )
                     services.start_soon(camera.watch, cfg.camera_stall_after)
+                    services.start_soon(self._stop_on_sink_failure, services.cancel_scope)
                     await run_stages(
                         camera,
                         Warp(warpers, cpus=loop_cpus, policy=policy, outcomes=outcomes),
@@ -186,6 +195,12 @@ class DmsService:
         finally:
             outcomes.drop_in_flight()  # frames in flight when the service stops: counted
             self._done.set()
+
+    async def _stop_on_sink_failure(self, frames: anyio.CancelScope) -> None:
+        """A sink that fails (or whose reader closed it) ends the service: the summary says
+        why."""
+        await self.outcomes.watch_sinks()
+        frames.cancel()
 
     async def _start(
         self, services: anyio.abc.TaskGroup, model_cpus: frozenset[int] | None

@@ -14,17 +14,26 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import anyio
 import numpy as np
-from zmq import ZMQError
 
 from aio_runtime import AvailabilityMachine, Readiness, ReadinessLayer, Reason, get_logger
 
 from ..camera_sources import clock_ns
 from ..channels import FrameAccounting
+from ..config import Mode
 from ..decode import DriverStateFields
 from ..endpoints import Metrics
 from ..messages import DriverStateV2, readiness_record
-from ..publish import JsonLinesSink, Sink, Subscriptions, ZmqSink
+from ..publish import (
+    JsonLinesSink,
+    ReaderClosed,
+    SinkError,
+    Sinks,
+    SinkStats,
+    Subscriptions,
+    ZmqSink,
+)
 from ._job import FrameJob
 from ._policy import Verdict
 
@@ -44,6 +53,12 @@ class Summary:
     transitions: list[tuple[float, str]] = field(default_factory=list)
     camera_error: str | None = None
     """Why the camera source failed, if it did (the service then ended)."""
+    sink_error: str | None = None
+    """Why a sink failed, if one did (the service then ended)."""
+    reader_closed: str | None = None
+    """Standard output was closed by its reader (the service then ended, as if stopped)."""
+    sinks: list[SinkStats] = field(default_factory=list)
+    """Each sink's counts, once the service has closed them."""
 
     def latency_ms(self, q: float) -> float:
         return float(np.percentile(self.frame_ages, q) * 1000) if self.frame_ages else math.nan
@@ -64,13 +79,16 @@ class FrameOutcomes:
         readiness: Callable[[], Readiness],
         *,
         raw_predictions: bool = False,
+        mode: Mode = Mode.LIVE,
     ) -> None:
         self.availability = availability
         self.metrics = Metrics()
         self.summary = Summary(FrameAccounting())
-        self.subscriptions = Subscriptions()
+        self.mode = mode
+        self.subscriptions = Subscriptions(delivery=mode)
         """The in-process sink: every message, to every subscriber."""
-        self._sinks: list[Sink] = [self.subscriptions]
+        self.sinks = Sinks([self.subscriptions])
+        """Every sink, each with the policy of the service's mode."""
         self._readiness = readiness
         self._raw_predictions = raw_predictions
         self._in_flight: dict[int, FrameJob] = {}
@@ -85,23 +103,30 @@ class FrameOutcomes:
         """Publish on ZeroMQ and as JSON lines too (each if given); :class:`OSError` for one
         that cannot be opened (its address in use, its file not writable)."""
         if zmq:
-            try:
-                self._sinks.append(ZmqSink(zmq, allow_remote=allow_remote))
-            except ZMQError as exc:
-                raise OSError(f"zmq {zmq}: {exc} (choose another address)") from exc
+            self.sinks.add(ZmqSink(zmq, delivery=self.mode, allow_remote=allow_remote))
         if jsonl:
-            self._sinks.append(JsonLinesSink(jsonl))
+            self.sinks.add(JsonLinesSink(jsonl, delivery=self.mode))
 
     async def room(self) -> None:
         """Replaying: wait until every sink has room for the next frame's messages."""
-        for sink in self._sinks:
-            room = getattr(sink, "room", None)
-            if room is not None:
-                await room()
+        await self.sinks.room()
 
-    def close_sinks(self) -> None:
-        for sink in self._sinks:
-            sink.close()
+    async def watch_sinks(self) -> SinkError:
+        """Wait for a sink to fail (or its reader to close it): recorded in the summary, and
+        returned."""
+        failure = await self.sinks.wait_failure()
+        if failure is None:  # every sink closed without failing: nothing to report, ever
+            await anyio.Event().wait()
+        assert failure is not None
+        if isinstance(failure, ReaderClosed):
+            self.summary.reader_closed = str(failure)
+        else:
+            self.summary.sink_error = str(failure)
+        return failure
+
+    async def close_sinks(self) -> None:
+        """Close every sink, each draining within its bound; their counts go to the summary."""
+        self.summary.sinks = await self.sinks.aclose()
 
     # -- frames in -----------------------------------------------------------------------------
 
@@ -232,8 +257,7 @@ class FrameOutcomes:
 
     def _send(self, message: DriverStateV2) -> None:
         self._seq += 1
-        for sink in self._sinks:
-            sink.publish(message)
+        self.sinks.publish(message)
 
     async def follow_availability(self) -> None:
         """Record every availability change: the summary, the metrics' gauge, the log."""
