@@ -6,12 +6,15 @@ deadlines, with an honest availability state. Modules:
 - ``camera``, ``camera_sources``, ``camera_video``, ``camera_replay``: frames (NV12), the cabin
   cameras, and the synthetic, video-file and replay sources;
 - ``warp``: the model's input image, as openpilot warps it;
-- ``model``, ``model_metadata``, ``model_runner``, ``reference_model``: the model contract, the
-  bundled reference model, onnxruntime on the CPU;
+- ``model``, ``model_metadata`` (with ``metadata_limits``, ``metadata_pickle``), ``model_runner``,
+  ``reference_model``: the model contract (its metadata read within limits), the bundled reference
+  model, onnxruntime on the CPU;
 - ``accelerator``: the model on the simulated accelerator (through ``transports``);
 - ``decode``: outputs to the driverStateV2 fields, validated;
-- ``messages``, ``publish``: the published message and its sinks;
+- ``messages``, ``publish`` (with ``sinks_policy``, ``sinks_memory``, ``sinks_jsonl``,
+  ``sinks_zmq``): the published message and its sinks, each with its policy per mode;
 - ``channels``: latest-frame-wins slots and the frame accounting rule;
 - ``endpoints``: health and metrics over HTTP;
-- ``faults``: scripted faults; ``service``: the service; ``run``: ``aio-dms run``.
+- ``config`` (with ``config_values``): every setting, declared once;
+- ``faults``: scripted faults; ``service``: the service; ``run``: ``aio-dms run`` and ``replay``.
 """
