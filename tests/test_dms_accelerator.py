@@ -1,21 +1,24 @@
-"""The model on the simulated accelerator: inputs and outputs cross the copy protocol."""
+"""The model on the simulated accelerator: inputs and outputs cross the copy protocol, and a
+device that makes no progress is told from a slow one and from a host too busy to look."""
 
 from __future__ import annotations
 
 import math
 
+import anyio
 import numpy as np
 import pytest
 
-from aio_runtime import Layer, SignalTimeout
+from aio_runtime import BudgetExhausted, Layer, SignalTimeout, deadline_scope
 from aio_runtime.testing import virtual_time
-from pipelines.dms.accelerator import AcceleratorRunner
+from pipelines.dms.accelerator import MODEL_KERNEL, AcceleratorRunner, StallEvidence
 from pipelines.dms.accelerator_sim import simulated_device
 from transports.gpu.copy import CHUNK
 from transports.sim import Fault, FaultRule
+from transports.sim.gpu import SimGpu
 from transports.sim.usb import SimUsbTransport
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 IMAGE, OUTPUT = 1382400, 553
 
@@ -46,7 +49,7 @@ async def test_a_run_copies_in_runs_on_the_device_and_copies_out():
             await accelerator.aclose()
     assert np.array_equal(output, infer(img, calib))
     crossed = tuple(b - a for a, b in zip(before, after, strict=True))
-    assert crossed == (IMAGE + 12, math.ceil(IMAGE / CHUNK) + 1, OUTPUT * 4, 1)
+    assert crossed == (IMAGE + 12, math.ceil((IMAGE + 12) / CHUNK), OUTPUT * 4, 1)
     assert min(phases.copy_in, phases.device, phases.copy_out) > 0 and phases.submit >= 0
 
 
@@ -68,3 +71,143 @@ async def test_a_hung_device_is_a_gpu_queue_timeout_within_its_bound():
             assert output.shape == (1, OUTPUT)
         finally:
             await accelerator.aclose()
+
+
+async def test_every_frame_crosses_the_bridge_inputs_in_and_output_out():
+    """Per run, the copy protocol carries the image and the calibration in (one copy) and the
+    output out: nothing is skipped for a frame, however many run."""
+    rng = np.random.default_rng(2)
+    async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
+        try:
+            stats = accelerator.session.copy.stats
+            for _ in range(3):
+                img = rng.integers(0, 256, size=(1, IMAGE), dtype=np.uint8)
+                calib = rng.normal(size=(1, 3)).astype(np.float32)
+                before = (stats.bytes_in, stats.bytes_out, stats.chunks_out)
+                output, _ = await accelerator.run(img, calib, timeout=5.0)
+                after = (stats.bytes_in, stats.bytes_out, stats.chunks_out)
+                assert np.array_equal(output, infer(img, calib))
+                crossed = tuple(b - a for a, b in zip(before, after, strict=True))
+                assert crossed == (1_382_400 + 12, OUTPUT * 4, 1)
+        finally:
+            await accelerator.aclose()
+
+
+# -- the evidence of no progress ---------------------------------------------------------------
+
+
+def test_no_progress_is_seen_only_once_the_device_was_looked_at_twice():
+    evidence = StallEvidence()
+    evidence.progressed(0.0, "copied")
+    evidence.looked(0.3, "copied")
+    assert evidence.stalled == 0.0  # one look, however long after: time passing is no evidence
+    evidence.looked(0.325, "copied")
+    assert evidence.stalled == pytest.approx(0.325)
+
+
+def test_time_the_host_was_late_to_look_is_no_evidence_against_the_device():
+    evidence = StallEvidence()
+    evidence.progressed(0.0, "copied")
+    evidence.looked(0.025, "copied")
+    evidence.looked(0.5, "copied", late=0.45)  # meant to look at 0.05; not scheduled till 0.5
+    assert evidence.stalled == pytest.approx(0.05)
+
+
+def test_a_new_state_is_progress_and_a_device_that_does_not_answer_makes_none():
+    evidence = StallEvidence()
+    evidence.progressed(0.0, ("copied", 7))
+    evidence.looked(0.05, None)
+    evidence.looked(0.1, None)
+    assert evidence.stalled == pytest.approx(0.1)
+    evidence.looked(0.15, ("copied", 8))  # the timeline moved
+    assert evidence.stalled == 0.0 and evidence.looks == 0
+
+
+def test_time_nobody_looked_is_no_evidence():
+    evidence = StallEvidence()
+    evidence.progressed(0.0, "copied")
+    evidence.looked(0.025, "copied")
+    evidence.paused(1.0)  # between runs, nobody looked
+    evidence.looked(1.025, "copied")
+    assert evidence.stalled == pytest.approx(0.05)
+
+
+def slow_kernel(seconds: float):
+    """The model as a kernel that takes ``seconds`` of simulated time (no thread: exact in
+    virtual time)."""
+
+    def kernel(gpu: SimGpu, image: int, calib: int, output: int) -> None:
+        img = gpu.view(image, IMAGE).reshape(1, IMAGE)
+        cal = gpu.view(calib, 12).view(np.float32).reshape(1, 3)
+        gpu.view(output, OUTPUT * 4)[:] = infer(img, cal).reshape(-1).view(np.uint8)
+
+    return kernel, seconds
+
+
+async def run_watched(accelerator: AcceleratorRunner, *, budget: float, away: float = 0.0):
+    """Run once in a deadline scope of ``budget``, the host away (not scheduled: the clock
+    jumps) for ``away`` seconds 10 ms in; the largest stall seen meanwhile, and the outcome."""
+    img = np.arange(IMAGE, dtype=np.uint64).astype(np.uint8).reshape(1, IMAGE)
+    calib = np.zeros((1, 3), dtype=np.float32)
+    seen: list[float] = []
+    outcome: list[object] = []
+    async with virtual_time() as clock:
+
+        async def frame() -> None:
+            try:
+                with deadline_scope(budget, name="frame"):
+                    outcome.append((await accelerator.run(img, calib, timeout=0.1))[0])
+            except BudgetExhausted as exc:
+                outcome.append(exc)
+                seen.append(await accelerator.stalled_for())
+            watch.cancel_scope.cancel()
+
+        async def watcher() -> None:
+            while True:
+                seen.append(await accelerator.stalled_for())
+                await anyio.sleep(0.005)
+
+        async def host_away() -> None:
+            await anyio.sleep(0.01)
+            clock.jump(away)
+
+        async with anyio.create_task_group() as watch:
+            watch.start_soon(frame)
+            watch.start_soon(watcher)
+            if away:
+                watch.start_soon(host_away)
+    return max(seen), outcome[0]
+
+
+async def test_a_kernel_that_makes_no_progress_while_the_host_looks_is_seen_stalled():
+    async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
+        device.gpu.register_kernel(MODEL_KERNEL, *slow_kernel(1.0))
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
+        try:
+            stalled, outcome = await run_watched(accelerator, budget=0.3)
+        finally:
+            await accelerator.aclose()
+    assert isinstance(outcome, BudgetExhausted) and outcome.layer is Layer.GPU_QUEUE
+    assert stalled >= 0.2  # looked at every 25 ms: seen, within a look, to make no progress
+
+
+async def test_a_host_that_was_not_scheduled_is_no_evidence_of_a_hung_device():
+    """The host is away for 0.3 s (three hang bounds) while a 0.34 s kernel runs: back, it
+    looks twice more before the kernel finishes. The looks it missed are no evidence against
+    the device (only the 50 ms it did look are), and the run completes."""
+    async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
+        device.gpu.register_kernel(MODEL_KERNEL, *slow_kernel(0.34))
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
+        try:
+            stalled, outcome = await run_watched(accelerator, budget=1.0, away=0.3)
+        finally:
+            await accelerator.aclose()
+    assert isinstance(outcome, np.ndarray) and outcome.shape == (1, OUTPUT)
+    assert stalled < 0.1

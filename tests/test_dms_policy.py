@@ -154,3 +154,49 @@ def test_news_of_an_outage_is_not_a_frame_without_output():
     good(judge, 2)
     assert judge.invalid_output("NaN").reason == "invalid output: NaN"
     assert judge.availability.state.availability is D
+
+
+def test_a_frame_published_late_with_its_output_is_degraded_and_not_a_frame_without_output():
+    """However many frames in a row are late, each had an output: DEGRADED, never the outage
+    that ``unavailable_after`` frames without one make — and they break a run of failures."""
+    judge = policy(unavailable_after=3)
+    good(judge, 2)
+    judge.invalid_output("NaN")
+    judge.invalid_output("NaN")  # two failures in a row: one more would be an outage
+    with TransitionRecorder(judge.availability) as recorder:
+        verdicts = [judge.decoded(late=0.03, calibration=None) for _ in range(12)]
+    assert all(v.reason.kind == "frame budget" and v.fault is None for v in verdicts)
+    assert verdicts[0].reason == "frame budget: late: decoded 30.0 ms after the frame's deadline"
+    # one transition, to the new cause, however many late frames: never UNAVAILABLE
+    assert [str(state.reason.kind) for state in recorder.states()] == [
+        "invalid output",
+        "frame budget",
+    ]
+    assert recorder.availabilities() == [D, D]
+    assert judge.availability.failed_streak == 0
+    judge.invalid_output("NaN")
+    judge.invalid_output("NaN")
+    assert judge.availability.state.availability is D  # the late frames broke the run
+
+
+def test_a_model_run_may_go_on_past_its_deadline_for_long_enough_to_judge_a_hang():
+    assert policy(budget=0.05, gpu_hang_after=0.1).grace == 0.1
+    assert policy(budget=0.2, gpu_hang_after=0.1).grace == 0.2  # never shorter than a budget
+
+
+def test_frames_without_output_within_the_grace_are_isolated_failures_then_an_outage():
+    judge = policy(unavailable_after=3)
+    good(judge, 2)
+    verdicts = [judge.over_budget(over_budget(frame), stalled=0.02) for frame in range(3)]
+    assert [v.fault for v in verdicts] == [None] * 3
+    assert [v.reason.kind for v in verdicts] == ["frame budget", "frame budget", "no valid output"]
+    assert judge.availability.state.availability is U
+
+
+def test_evidence_that_reaches_the_hang_bound_within_the_clocks_rounding_is_a_hang():
+    judge = policy(gpu_hang_after=0.1)
+    good(judge, 2)
+    assert judge.over_budget(over_budget(), stalled=0.05 + 0.05 - 1e-12).fault is not None
+    judge = policy(gpu_hang_after=0.1)
+    good(judge, 2)
+    assert judge.over_budget(over_budget(), stalled=0.0999).fault is None

@@ -136,7 +136,7 @@ async def test_health_reports_unavailable_while_the_camera_is_stalled():
 
 async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
     # A budget every frame overruns (the kernel finishes a few ms after the deadline): late
-    # frames, DEGRADED, then UNAVAILABLE for want of valid output — but no hang, no restart.
+    # frames, published with their outputs, DEGRADED — no hang, no restart.
     config = ServiceConfig(
         device="sim",
         health_port=None,

@@ -17,6 +17,7 @@ machine, as in real time.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import anyio
@@ -34,9 +35,16 @@ from aio_runtime import (
     wait_until,
 )
 from aio_runtime.testing import threads_busy, virtual_time
+from pipelines.dms.accelerator import MODEL_KERNEL
+from pipelines.dms.accelerator_sim import model_kernel, simulated_device
 from pipelines.dms.camera_synthetic import SyntheticCamera
 from pipelines.dms.config import ServiceConfig
+from pipelines.dms.model_runner import OnnxRunner
+from pipelines.dms.reference_model import reference_model_path
 from pipelines.dms.service import DmsService
+from pipelines.dms.service._backends import CpuBackend
+from pipelines.dms.warp import MODEL_INPUT_SIZE
+from transports.sim.usb import SimUsbTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -208,3 +216,138 @@ async def test_the_accelerator_is_restarted_for_the_typed_error_a_frame_met(faul
     failed = [t for _, t in service.summary.transitions if "attempt 1 failed" in t]
     assert failed and failed[0].startswith(f"unavailable(accelerator: {error}"), failed
     assert "the accelerator has made no progress: hung" in failed[0]
+
+
+# -- late frames and a busy host: no false alarms --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_model():
+    """The bundled model on onnxruntime, loaded once: the simulated GPU's kernel runs it."""
+    runner = OnnxRunner(reference_model_path())
+    yield runner
+    runner.close()
+
+
+@contextlib.asynccontextmanager
+async def accelerator(runner, kernel=None, duration=0.0):
+    """A simulated accelerator of the test's own whose model kernel is ``kernel(model)`` (the
+    model itself by default), taking ``duration`` seconds of simulated time: how to reach it."""
+    size, length = MODEL_INPUT_SIZE, runner.contract.output_length
+    async with simulated_device(runner.run_blocking, image_size=size, output_size=length) as sim:
+        model = model_kernel(runner.run_blocking, size, length)
+        sim.gpu.register_kernel(MODEL_KERNEL, model if kernel is None else kernel(model), duration)
+
+        async def opener():
+            return SimUsbTransport(sim.bridge)
+
+        yield opener
+
+
+async def serve(config, transport=None):
+    """The service on the synthetic camera until it ends (within 30 s of the loop's clock):
+    the service and its messages, every frame accounted for."""
+    messages = []
+    with anyio.fail_after(30):
+        async with DmsService(config, source=SyntheticCamera(), transport=transport) as service:
+
+            async def collect():
+                async for message in service.messages(backlog=config.frames):
+                    messages.append(message)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collect)
+                await service.finished()
+                tg.cancel_scope.cancel()
+    service.summary.frames.check()
+    return service, messages
+
+
+async def run_service(config, transport=None):
+    """:func:`serve` in virtual time, in which work on threads takes none."""
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            return await serve(config, transport)
+
+
+def _after_up(messages):
+    up = next(m for m in messages if m.valid)
+    return [m for m in messages if m.seq >= up.seq]
+
+
+SIM = {"device": "sim", "health_port": None, "calib": (0.0, 0.0, 0.0), "frames": 40}
+
+
+async def test_a_run_past_its_deadline_is_published_late_with_its_output_degraded(
+    reference_model,
+):
+    """A device that takes longer than the budget every frame (but far less than the hang
+    bound): every frame's run goes on past its deadline and is published with its output,
+    DEGRADED — never UNAVAILABLE for want of output, never restarted."""
+    config = ServiceConfig(**SIM)
+    async with accelerator(reference_model, duration=0.06) as transport:
+        service, messages = await run_service(config, transport)
+    late = [m for m in messages if m.frame_id >= 0 and m.left_driver_data is not None]
+    assert len(late) >= 15  # the rest dropped while the device was busy, counted
+    assert all(not m.valid and m.reason.startswith("frame budget: late: ") for m in late)
+    assert all(m.frame_age > config.budget for m in late)
+    up = next(m for m in messages if m.availability != "unavailable")  # past the start-up
+    assert {m.availability for m in messages if m.seq >= up.seq} == {"degraded"}
+    opened = [t for _, t in service.summary.transitions if "opening session" in t]
+    assert len(opened) == 1, opened
+
+
+async def test_a_host_not_scheduled_while_the_device_runs_is_not_a_hung_accelerator(
+    reference_model,
+):
+    """The host is away for 0.12 s (more than the hang bound) while a frame's kernel runs (the
+    clock jumps): that frame is published late with its output, the accelerator is not judged
+    hung nor restarted, and the service is never UNAVAILABLE once up."""
+    config = ServiceConfig(**SIM)
+    dispatched = []
+
+    def away_once(model):
+        async def kernel(gpu, *args):
+            dispatched.append(now())
+            if len(dispatched) == 20:
+                clock.jump(0.12)  # the loop is not scheduled: every timer fires late
+            await model(gpu, *args)
+
+        return kernel
+
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)) as clock:
+            async with accelerator(reference_model, away_once) as transport:
+                service, messages = await serve(config, transport)
+    assert len(dispatched) >= 20
+    after = _after_up(messages)
+    assert not any(m.availability == "unavailable" for m in after)
+    late = [m for m in after if m.frame_age > config.budget and m.left_driver_data is not None]
+    assert late and all(m.reason.startswith("frame budget: late: ") for m in late)
+    opened = [t for _, t in service.summary.transitions if "opening session" in t]
+    assert len(opened) == 1, opened
+    assert not any("hung" in t for _, t in service.summary.transitions)
+
+
+async def test_a_cpu_run_past_its_deadline_is_published_late_not_stopped(monkeypatch):
+    """The CPU runner runs back to back; a run that takes longer than the budget (here a
+    scripted 80 ms before it starts) is not stopped at the deadline: published late with its
+    output, DEGRADED."""
+    slow = {10, 11, 12, 20}
+    calls = []
+    infer = CpuBackend.infer
+
+    async def slow_infer(self, image, calib):
+        calls.append(now())
+        if len(calls) in slow:
+            await anyio.sleep(0.08)
+        return await infer(self, image, calib)
+
+    monkeypatch.setattr(CpuBackend, "infer", slow_infer)
+    config = ServiceConfig(**{**SIM, "device": "cpu"})
+    _, messages = await run_service(config)
+    after = _after_up(messages)
+    late = [m for m in after if m.reason.startswith("frame budget: late: ")]
+    assert len(late) >= len(slow) - 1  # a slow run may be the first frame's
+    assert all(m.left_driver_data is not None and m.frame_age > config.budget for m in late)
+    assert not any(m.availability == "unavailable" for m in after)

@@ -1,30 +1,48 @@
 """The model on an accelerator: a GPU behind a USB-PCIe bridge, reached through ``transports``
 over any USB transport (libusb, pyusb, the simulator's).
 
-Per frame: copy the inputs in (the warped image and the calibration, through the copy protocol),
-run the model as a device kernel (:data:`MODEL_KERNEL`), await the compute timeline within the
-frame's deadline, copy the output out — each phase timed on its own (:class:`PhaseTimes`). Buffers
-are allocated once per session; the output is copied out into a fresh array, so nothing the caller
-keeps is reused by the next frame. The simulated GPU that can run the model is in
-:mod:`pipelines.dms.accelerator_sim`.
+Per frame: copy the inputs in (the warped image and the calibration, laid back to back in one
+buffer, in one copy through the copy protocol), run the model as a device kernel
+(:data:`MODEL_KERNEL`), await the compute timeline, copy the output out — each phase timed on its
+own (:class:`PhaseTimes`). Buffers are allocated once per session; the output is copied out into a
+fresh array, so nothing the caller keeps is reused by the next frame. The simulated GPU that can
+run the model is in :mod:`pipelines.dms.accelerator_sim`.
+
+While a run is in progress the runner looks at the device (:class:`StallEvidence`): how a hung
+device — one that makes no progress — is told from a slow one, and from a host too busy to look.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import anyio
 import numpy as np
 
-from aio_runtime import Readiness, now
+from aio_runtime import (
+    BudgetExhausted,
+    Readiness,
+    RuntimeFault,
+    SignalTimeout,
+    current_deadline,
+    now,
+    wait_complete,
+)
 from transports.gpu import Buffer, GpuSession, SessionConfig
 from transports.usb import UsbTransport
 
-__all__ = ["MODEL_KERNEL", "AcceleratorRunner", "PhaseTimes"]
+__all__ = ["LOOKS_PER_HANG", "MODEL_KERNEL", "AcceleratorRunner", "PhaseTimes", "StallEvidence"]
 
 MODEL_KERNEL = 0x100
 """The kernel that runs the model: ``(image, calib, output)`` buffer addresses."""
+_CALIB_BYTES = 16
+"""Room for the calibration (three float32) after the image."""
+
+LOOKS_PER_HANG = 4
+"""How often a run in progress is looked at within its hang bound (the ``timeout`` of
+:meth:`AcceleratorRunner.run`)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,51 @@ class PhaseTimes:
         return self.copy_in + self.submit + self.device + self.copy_out
 
 
+class StallEvidence:
+    """What the host has seen of a device making no progress.
+
+    The host *observes* the device: it sees a step finish (:meth:`progressed`, with the progress
+    state it then knows), or it *looks* at the device's progress state (:meth:`looked`). The
+    evidence (:attr:`stalled`) is the time between observations that found the same state —
+    less the time the host itself was late to look (its event loop, or the threads that
+    simulate a device, not scheduled: no evidence against the device) — once the host has looked
+    at least twice since the device last made progress. Time in which nobody looked
+    (:meth:`paused`) is no evidence either. Plain bookkeeping: no clock, no I/O.
+    """
+
+    def __init__(self) -> None:
+        self._state: Hashable = None
+        self._at: float | None = None
+        self._stalled = 0.0
+        self.looks = 0
+        """Looks since the device last made progress."""
+
+    @property
+    def stalled(self) -> float:
+        """Seconds the device has been seen to make no progress (0 before two looks)."""
+        return self._stalled if self.looks >= 2 else 0.0
+
+    def progressed(self, at: float, state: Hashable) -> None:
+        """The device was seen to reach ``state`` at ``at``: the evidence starts again."""
+        self._state, self._at, self._stalled, self.looks = state, at, 0.0, 0
+
+    def looked(self, at: float, state: Hashable | None = None, *, late: float = 0.0) -> None:
+        """A look at ``at`` found ``state`` (None: the device did not answer, which is no
+        progress); ``late``: seconds since the last observation that the host was late. A
+        state other than the last one seen is progress."""
+        if self._at is None or (state is not None and state != self._state):
+            self.progressed(at, self._state if state is None else state)
+            return
+        self._stalled += max(0.0, at - self._at - late)
+        self._at = max(self._at, at)
+        self.looks += 1
+
+    def paused(self, at: float) -> None:
+        """Nobody looked from the last observation until ``at``: that time is no evidence."""
+        if self._at is not None:
+            self._at = max(self._at, at)
+
+
 class AcceleratorRunner:
     """One open accelerator session, ready to run the model."""
 
@@ -48,11 +111,17 @@ class AcceleratorRunner:
         self.session = session
         self.image_size = image_size
         self.output_size = output_size
-        self._buffers: tuple[Buffer, Buffer, Buffer] | None = None
-        self._owed_since: float | None = None
-        """Since when (loop clock) the device owes a run it has not finished: None when idle."""
-        self._progress_at = 0.0
-        """When the device last finished a step (a copy, a kernel)."""
+        self._buffers: tuple[Buffer, Buffer] | None = None
+        """The inputs (the image, then the calibration) and the output."""
+        self._owed = False
+        """The device owes a run it has not finished (one in progress, or one that failed)."""
+        self._steps = 0
+        """Steps of runs the device has finished (copies, kernels): its progress, as the host
+        sees it finish."""
+        self._timeline = (session.timeline.next_value - 1) & 0xFFFF_FFFF
+        """The compute timeline as last seen (from the start: where the last kernel issued left
+        it)."""
+        self._evidence = StallEvidence()
 
     @classmethod
     async def open(
@@ -77,8 +146,7 @@ class AcceleratorRunner:
         accelerator = cls(session, image_size=image_size, output_size=output_size)
         try:
             accelerator._buffers = (
-                await session.alloc(image_size),
-                await session.alloc(16),
+                await session.alloc(image_size + _CALIB_BYTES),
                 await session.alloc(output_size * 4),
             )
         except BaseException:
@@ -90,38 +158,64 @@ class AcceleratorRunner:
     async def run(
         self, image: np.ndarray, calib: np.ndarray, *, timeout: float
     ) -> tuple[np.ndarray, PhaseTimes]:
-        """Run the model once; ``timeout`` bounds the device's part (the enclosing deadline
-        scope bounds everything)."""
-        assert self._buffers is not None
-        image_buffer, calib_buffer, output_buffer = self._buffers
+        """Run the model once. ``timeout``: the hang bound, how long the device may make no
+        progress. Outside a deadline scope it bounds the kernel's wait (a
+        :class:`~aio_runtime.SignalTimeout` past it). Inside one (a frame's) the scope bounds
+        every wait, and the device is looked at every ``timeout / LOOKS_PER_HANG`` while the run
+        is in progress: :meth:`stalled_for` then tells a device that made no progress for
+        ``timeout`` from a slow one, without reading a busy host as a hung device."""
+        if not timeout > 0:
+            raise ValueError(f"the hang bound must be a positive number of seconds, got {timeout}")
         img = np.ascontiguousarray(image, dtype=np.uint8).reshape(-1)
         if img.size != self.image_size:
             raise ValueError(f"the model takes {self.image_size} image bytes, got {img.size}")
         cal = np.ascontiguousarray(calib, dtype=np.float32).reshape(-1)
         if cal.size != 3:
             raise ValueError(f"the model takes a 3-value calibration, got {cal.size}")
-        if self._owed_since is None:
-            self._owed_since = now()
+        if self._owed:  # an earlier run left work owed: nobody looked at it since
+            self._evidence.paused(now())
+        else:
+            self._owed = True
+            self._progressed()  # idle until now
+        failure: Exception | None = None
+        ended = anyio.Event()
+        async with anyio.create_task_group() as looks:
+            looks.start_soon(self._look_until, ended, timeout / LOOKS_PER_HANG)
+            try:
+                result = await self._run(img, cal, timeout)
+            except Exception as exc:  # raised below, not as an exception group
+                failure = exc
+            ended.set()
+            looks.cancel_scope.cancel()  # a look in progress too
+        if failure is not None:
+            raise failure
+        self._owed = False
+        return result
+
+    async def _run(
+        self, img: np.ndarray, cal: np.ndarray, timeout: float
+    ) -> tuple[np.ndarray, PhaseTimes]:
+        assert self._buffers is not None
+        inputs, output_buffer = self._buffers
         start = time.perf_counter()
-        await self.session.copy_in(image_buffer, img)  # after any kernel still reading it
-        self._progressed()
-        await self.session.copy_in(calib_buffer, cal)
+        await self.session.copy_in(inputs, img, cal)  # after any kernel still reading them
         self._progressed()
         copied = time.perf_counter()
         submitted = [copied]
-        await self.session.run_kernel(
+        scope = current_deadline()
+        self._timeline = await self.session.run_kernel(
             MODEL_KERNEL,
-            [image_buffer, calib_buffer, output_buffer],
-            reads=[image_buffer, calib_buffer],
+            [inputs, inputs.address + self.image_size, output_buffer],
+            reads=[inputs],
             writes=[output_buffer],
-            timeout=timeout,
+            # In a scope the scope bounds it: a kernel that is only slow is not a hung one.
+            timeout=timeout if scope is None else max(timeout, scope.remaining()),
             on_submitted=lambda: submitted.__setitem__(0, time.perf_counter()),
         )
         self._progressed()
         done = time.perf_counter()
         raw = await self.session.copy_out(output_buffer)
         self._progressed()
-        self._owed_since = None
         finished = time.perf_counter()
         output = np.frombuffer(bytes(raw), dtype=np.float32).reshape(1, self.output_size)
         phases = PhaseTimes(
@@ -130,22 +224,55 @@ class AcceleratorRunner:
         return output, phases
 
     def _progressed(self) -> None:
-        self._progress_at = now()
+        self._steps += 1
+        self._evidence.progressed(now(), (self._steps, self._timeline))
 
-    async def stalled_for(self, *, timeout: float) -> float:
-        """Seconds the device has owed a run without finishing any step of it (a copy, the
-        kernel): how a hung device — a kernel that never completes, a copy fence or a USB
-        transfer that never does — is told from a slow one, whose runs overrun the frame's budget
-        but keep finishing steps (0 when nothing is owed). A kernel whose frame stopped waiting
-        for it is checked on the device (one timeline read, bounded by ``timeout``: a read that
-        does not finish is no progress). Raises what reading the device raises (a lost device)."""
-        owed = self._owed_since
-        if owed is None:
-            return 0.0
-        with anyio.move_on_after(timeout):
-            if await self.session.retire_finished():
-                self._progressed()
-        return now() - max(owed, self._progress_at)
+    async def _look_until(self, ended: anyio.Event, interval: float) -> None:
+        """Until the run has ended, look at the device every ``interval``, noting how late each
+        look was."""
+        while True:
+            due = now() + interval
+            try:
+                await wait_complete(
+                    ended, awaited="the run's end", error=SignalTimeout, timeout=interval
+                )
+                return
+            except SignalTimeout:  # still running: time to look
+                await self._look(bound=interval, late=max(0.0, now() - due))
+            except BudgetExhausted:  # the run's bound ran out: the run is cut there too
+                return
+
+    async def _look(self, *, bound: float, late: float) -> None:
+        """Read the timeline (within ``bound``: a device that does not answer has made no
+        progress) and note what it shows."""
+        steps, start = self._steps, now()
+        value: int | None = None
+        with anyio.move_on_after(bound) as scope:
+            try:
+                value, _ = await self.session.timeline.read_state()
+            except RuntimeFault:  # a read that fails shows no progress (the run meets the fault)
+                pass
+        end = now()
+        if steps != self._steps:
+            return  # a step finished meanwhile: that is the news
+        if value is None:
+            overrun = max(0.0, end - start - bound) if scope.cancelled_caught else 0.0
+            self._evidence.looked(end, None, late=late + overrun)
+        elif value != self._timeline:
+            self._timeline = value
+            self._evidence.progressed(end, (steps, value))
+        else:
+            self._evidence.looked(start, (steps, value), late=late)
+
+    async def stalled_for(self, *, timeout: float | None = None) -> float:
+        """Seconds the device has been seen to make no progress while it owed a run (0 when
+        nothing is owed): how a hung device — a kernel that never completes, a copy fence or a
+        USB transfer that never does — is told from a slow one, whose runs overrun the frame's
+        budget but keep finishing steps. The evidence comes from the looks taken while runs were
+        in progress (see :class:`StallEvidence`): time passing is none, and neither is a host
+        that did not look in time. Nothing is read now (``timeout``, the bound of such a read,
+        is not needed)."""
+        return self._evidence.stalled if self._owed else 0.0
 
     async def aclose(self) -> None:
         await self.session.aclose()

@@ -81,6 +81,43 @@ def _wire_in(size: int) -> int:
     return -(-(size + SECTOR) // SLOT) * SLOT
 
 
+Bytes = bytes | bytearray | memoryview
+
+
+class _Gather:
+    """Host bytes in one or more parts, read as one run: a copy-in's payload."""
+
+    __slots__ = ("_parts", "_size")
+
+    def __init__(self, parts: list[memoryview]) -> None:
+        self._parts = [part for part in parts if len(part)]
+        self._size = sum(len(part) for part in self._parts)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def part(self, begin: int, end: int) -> _Gather:
+        """Bytes ``begin`` to ``end`` (as a slice takes them)."""
+        parts, at = [], 0
+        for view in self._parts:
+            low, high = max(begin - at, 0), min(end - at, len(view))
+            if low < high:
+                parts.append(view[low:high])
+            at += len(view)
+        return _Gather(parts)
+
+    def copy_into(self, target: bytearray, at: int, begin: int, size: int) -> None:
+        """Bytes ``begin`` to ``begin + size`` into ``target`` from ``at``: one copy of each."""
+        for view in self._parts:
+            if begin < len(view):
+                take = min(size, len(view) - begin)
+                target[at : at + take] = view[begin : begin + take]
+                at, size = at + take, size - take
+                if not size:
+                    return
+            begin = max(0, begin - len(view))
+
+
 @dataclass
 class CopyStatistics:
     """What crossed the protocol, counted when the GPU had it (copy-in) or the host did
@@ -215,14 +252,15 @@ class CopyProtocol:
 
     # -- copy-in -------------------------------------------------------------------------------
 
-    async def copy_in(self, target: int, data: bytes | bytearray | memoryview) -> None:
-        """Copy ``data`` to VRAM at bus address ``target``; returns once the GPU has it."""
-        view = memoryview(data).cast("B")
+    async def copy_in(self, target: int, *parts: Bytes) -> None:
+        """Copy ``parts`` (one, or several laid back to back) to VRAM at bus address
+        ``target``; returns once the GPU has them."""
+        payload = _Gather([memoryview(part).cast("B") for part in parts])
         step = CHUNK * MAX_BATCH
-        for offset in range(0, len(view), step):
-            await self._copy_in_batch(target + offset, view[offset : offset + step])
+        for offset in range(0, len(payload), step):
+            await self._copy_in_batch(target + offset, payload.part(offset, offset + step))
 
-    async def _copy_in_batch(self, target: int, view: memoryview) -> None:
+    async def _copy_in_batch(self, target: int, view: _Gather) -> None:
         sizes = [min(CHUNK, len(view) - o) for o in range(0, len(view), CHUNK)]
         program = Packets()
         for n, size in enumerate(sizes):
@@ -246,7 +284,7 @@ class CopyProtocol:
         self.stats.chunks_in += len(sizes)
 
     async def _send_chunks(
-        self, view: memoryview, sizes: list[int], in_flight: deque[tuple[int, UsbTransfer[None]]]
+        self, view: _Gather, sizes: list[int], in_flight: deque[tuple[int, UsbTransfer[None]]]
     ) -> None:
         """Stage, arm and send each chunk, two in flight (oldest first in ``in_flight``); reap
         them all. The caller holds the bulk OUT pipe."""
@@ -258,7 +296,7 @@ class CopyProtocol:
             end = half * HALF + HALF
             wire = _wire_in(size)
             start = end - wire
-            self._staging[start : start + size] = view[n * CHUNK : n * CHUNK + size]
+            view.copy_into(self._staging, start, n * CHUNK, size)
             self._staging[end - 4 : end] = sentinel(n).to_bytes(4, "little")
             if n >= 2:
                 await self._drained(n - 1, f"copy-in chunk {n - 2} before reusing its half")

@@ -180,16 +180,17 @@ class GpuSession(AsyncResource):
 
     # -- copies --------------------------------------------------------------------------------
 
-    async def copy_in(self, buffer: Buffer, data: Any, *, offset: int = 0) -> None:
-        """Copy host bytes into ``buffer`` (after conflicting work on the same bytes)."""
-        size = memoryview(data).nbytes
+    async def copy_in(self, buffer: Buffer, *parts: Any, offset: int = 0) -> None:
+        """Copy host bytes into ``buffer`` (after conflicting work on the same bytes): one part,
+        or several laid back to back — one copy either way."""
+        size = sum(memoryview(part).nbytes for part in parts)
         self._check_range(buffer, offset, size)
-        await self._copy_in_span(buffer.address + offset, data)
+        await self._copy_in_span(buffer.address + offset, *parts)
 
-    async def _copy_in_span(self, start: int, data: Any) -> None:
-        size = memoryview(data).nbytes
+    async def _copy_in_span(self, start: int, *parts: Any) -> None:
+        size = sum(memoryview(part).nbytes for part in parts)
         async with self._copying("in", start, size):
-            await self.copy.copy_in(start, data)
+            await self.copy.copy_in(start, *parts)
 
     async def copy_out(
         self, buffer: Buffer, size: int | None = None, *, offset: int = 0, out: Any = None

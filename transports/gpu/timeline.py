@@ -4,8 +4,12 @@ kernels whose wait ended before their completion, and what a recovery does to th
 The GPU writes the timeline, a 32-bit value in its status page, with each kernel's RELEASE; the
 host reads it (and the error word beside it) with register-sized reads, through a
 :class:`aio_runtime.TimelineSignal` that compares as serial numbers. A device that reports its
-error state ends a wait at once with :class:`~transports.errors.GpuFault`, and the queue's
-readiness goes down.
+error state ends a wait at the next read with :class:`~transports.errors.GpuFault`, and the
+queue's readiness goes down.
+
+Each read costs two requests over the bridge, so a wait reads the timeline once most of the time
+recent kernels took has passed — three quarters of the shortest of the last few, or at once when
+the wait's bound is nearer — and then every half millisecond (:data:`READ_INTERVAL`).
 
 A kernel whose wait ends without its completion (a timeout, a cancelled task) *lingers*: its work
 stays live in the session's :class:`~transports.gpu.deps.DependencyTracker`, so nothing reuses
@@ -19,9 +23,21 @@ are lost, and their waits fail with ``GpuFault``.
 
 from __future__ import annotations
 
+from collections import deque
+
 import anyio
 
-from aio_runtime import Readiness, ReadinessLayer, TimelineSignal, WaitBound
+from aio_runtime import (
+    Layer,
+    PollPolicy,
+    Readiness,
+    ReadinessLayer,
+    SignalTimeout,
+    TimelineSignal,
+    WaitBound,
+    now,
+    pause,
+)
 
 from ..bridge import BridgeClient
 from ..errors import GpuFault
@@ -29,6 +45,14 @@ from ..protocol import gpu as hw
 from .deps import DependencyTracker, Work
 
 __all__ = ["ComputeTimeline"]
+
+READ_INTERVAL = 0.0005
+"""Seconds between reads of the timeline while a wait goes on (no spin: a kernel is not done
+within microseconds of its submission)."""
+_FIRST_READ = 0.75
+"""The first read of a wait, as a fraction of the shortest time the recent kernels took."""
+_RECENT = 8
+"""How many recent kernels' times are kept."""
 
 
 class ComputeTimeline:
@@ -47,7 +71,11 @@ class ComputeTimeline:
         self.readiness = readiness
         self.tracker = tracker
         self._signal = TimelineSignal(
-            read=self._read, name="compute", compare_bits=32, modular=True
+            read=self._read,
+            name="compute",
+            compare_bits=32,
+            modular=True,
+            policy=PollPolicy(spin=0, first_interval=READ_INTERVAL, max_interval=READ_INTERVAL),
         )
         """The timeline as the GPU writes it: 32 bits, compared as serial numbers."""
         self.next_value = 1
@@ -58,6 +86,8 @@ class ComputeTimeline:
         """Per epoch: the timeline value the device had reached when that recovery began."""
         self._lingering: dict[int, Work] = {}
         """Kernels whose wait ended without their completion, by timeline value."""
+        self._taken: deque[float] = deque(maxlen=_RECENT)
+        """Seconds the recent waits that saw their kernel complete took."""
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -66,7 +96,14 @@ class ComputeTimeline:
         ``timeout``; :class:`GpuFault` as soon as the device reports its error state, or if a
         recovery since ``epoch`` reset the queue before the kernel ran."""
         awaited = f"compute timeline >= {value}"
-        timeline = await self._await(value, f"timeline {value}", awaited=awaited, timeout=timeout)
+        bound = WaitBound(
+            awaited=awaited, error=SignalTimeout, timeout=timeout, layer=Layer.GPU_QUEUE
+        )
+        if self._taken:  # not read before it is likely to be done (read at once near the bound)
+            with anyio.move_on_at(bound.at):
+                await pause(_FIRST_READ * min(self._taken))
+        timeline = await self._await(value, f"timeline {value}", awaited=awaited, within=bound)
+        self._taken.append(now() - bound.started)
         for later in range(epoch + 1, self.epoch + 1):
             # A recovery that has not read the timeline yet (or never did: it failed) lost
             # nothing this kernel did: the device has just been seen to complete it.

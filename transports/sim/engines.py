@@ -47,6 +47,10 @@ class Kernel:
 
 _MASK = 0xFFFF_FFFF
 """Ring pointers are 32-bit byte counts that wrap (ring sizes are powers of two)."""
+_DWORDS = [struct.Struct(f"<{count}I") for count in range(2 + 2 * 0xFF + 1)]
+"""Unpackers of a packet's little-endian dwords, by count (every packet read takes one)."""
+_SDMA_SIZES = {int(op): size for op, size in hw.SDMA_SIZES.items()}
+_POLL, _COPY = int(hw.Sdma.POLL), int(hw.Sdma.COPY)
 
 
 class _Halt(Exception):
@@ -168,7 +172,7 @@ class QueueEngine:
         start = pointer % self.size
         if start + 4 * count > self.size:  # the packet wraps around the ring's end
             return [self._dword(pointer + 4 * i) for i in range(count)]
-        return list(struct.unpack(f"<{count}I", self.gpu.read(self.base + start, 4 * count)))
+        return list(_DWORDS[count].unpack(self.gpu.read(self.base + start, 4 * count)))
 
     def packet_dwords(self, opcode: int, argument: int) -> int | None:
         raise NotImplementedError
@@ -176,15 +180,15 @@ class QueueEngine:
     async def execute(self, words: list[int]) -> None:
         raise NotImplementedError
 
+    def met(self, address: int, value: int, mask: int, function: int) -> bool:
+        """Whether the dword at ``address`` meets a POLL/WAIT packet's condition now."""
+        word = int.from_bytes(self.gpu.read(address, 4), "little") & mask
+        return word == value if function == hw.POLL_EQUAL else word >= value
+
     async def poll(self, address: int, value: int, mask: int, function: int) -> None:
         """Wait until the dword at ``address`` meets the condition, re-reading it whenever memory
         changes."""
-
-        def met() -> bool:
-            word = int.from_bytes(self.gpu.read(address, 4), "little") & mask
-            return word == value if function == hw.POLL_EQUAL else word >= value
-
-        while not met():
+        while not self.met(address, value, mask, function):
             await self.gpu.memory_changed()
 
 
@@ -213,29 +217,30 @@ class CopyEngine(QueueEngine):
             super().write_register(offset, value)
 
     def packet_dwords(self, opcode: int, argument: int) -> int | None:
-        try:
-            return hw.SDMA_SIZES[hw.Sdma(opcode)]
-        except ValueError:
-            return None
+        return _SDMA_SIZES.get(opcode)
 
     async def execute(self, words: list[int]) -> None:
         plan = self.gpu.plan
-        op = hw.Sdma(words[0] & 0xFF)
-        if op is hw.Sdma.POLL:
+        op = words[0] & 0xFF
+        if op == _POLL:
             address, value, mask = _u64(words[1], words[2]), words[3], words[4]
             if plan.check(Fault.COPY_WATCHDOG):
                 self._watchdog()
             on_sram = SRAM_PCIE <= address < SRAM_PCIE + SRAM_SIZE
+            never = on_sram and plan.check(Fault.SENTINEL_NEVER_CONSUMED) is not None
+            function = words[0] >> 8
+            if not never and self.met(address, value, mask, function):
+                return  # met already: no wait, so no watchdog to arm
             limit = self.watchdog_ms / 1000 if self.watchdog_ms else math.inf
             generation = self.generation
             with anyio.move_on_after(limit):
-                if on_sram and plan.check(Fault.SENTINEL_NEVER_CONSUMED):
+                if never:
                     await anyio.sleep_forever()  # the engine never sees this sentinel
-                await self.poll(address, value, mask, words[0] >> 8)
+                await self.poll(address, value, mask, function)
                 return
             if generation == self.generation:  # not reset in the same instant
                 self._watchdog()
-        elif op is hw.Sdma.COPY:
+        elif op == _COPY:
             source, target, size = _u64(words[1], words[2]), _u64(words[3], words[4]), words[5]
             self.gpu.write(target, self.gpu.read(source, size))
         else:  # WRITE, FENCE: everything before has completed (the engine runs in order)
@@ -244,7 +249,7 @@ class CopyEngine(QueueEngine):
             if released and plan.check(Fault.COPYOUT_RELEASE_NEVER):
                 return
             self.gpu.write(address, struct.pack("<I", words[3]))
-            if op is hw.Sdma.FENCE:
+            if op == hw.Sdma.FENCE:
                 self.gpu.write_status(hw.STATUS_COPY_FENCE, words[3])
 
     def _watchdog(self) -> None:

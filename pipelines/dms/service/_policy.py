@@ -8,9 +8,12 @@ published under (:class:`Verdict`). The hysteresis is the core's
 and one wording per kind of reason while it lasts. What is DMS-specific is here:
 
 - UNAVAILABLE, at once: a hardware timeout or fault from the model's device, an accelerator that
-  has made no progress for ``gpu_hang_after`` (it is then restarted), a camera that stops;
-- DEGRADED: stale or missing calibration, a frame late or over its budget while the device makes
-  progress, an isolated invalid output or failed warp;
+  has been seen to make no progress for ``gpu_hang_after`` (it is then restarted), a camera that
+  stops;
+- DEGRADED: stale or missing calibration, a frame published late (its model run was still in
+  progress at the deadline and went on, within :attr:`FramePolicy.grace`: its output is published,
+  and it does not count toward ``unavailable_after``), an isolated frame without an output (over
+  its budget, an invalid output, a failed warp);
 - a frame that finds no model to run it says why and reports nothing (whoever is bringing the
   model up reports the availability meanwhile); a run superseded by a newer frame is a drop, not
   an outcome.
@@ -39,6 +42,9 @@ FRAME_BUDGET = "frame budget"
 """The kind of reason for a frame over its budget."""
 BUDGET_TIMEOUT = "frame-budget"
 """The timeout counted (as its layer) for a frame over its budget."""
+_RESOLUTION = 1e-9
+"""Seconds within which evidence of no progress reaches the hang bound: the evidence is a sum of
+intervals of the loop clock, which rounds."""
 
 
 @dataclass(frozen=True)
@@ -94,11 +100,19 @@ class FramePolicy:
     def warp_failed(self, error: Exception) -> Verdict:
         return self._failed(Reason("warp", str(error)))
 
+    @property
+    def grace(self) -> float:
+        """Seconds a model run still in progress at its frame's deadline may go on: its output is
+        then published late. Long enough for the device to be judged by the hang rule
+        (``gpu_hang_after``), and never shorter than a budget."""
+        return max(self.budget, self.gpu_hang_after)
+
     def over_budget(self, exc: BudgetExhausted, stalled: float | None = None) -> Verdict:
-        """The frame's budget ran out waiting for ``exc.awaited``. Late (DEGRADED) — unless the
-        device has made no progress for ``stalled`` seconds, ``gpu_hang_after`` or more: hung
-        (UNAVAILABLE, restarted)."""
-        if stalled is None or stalled < self.gpu_hang_after:
+        """The frame's bound ran out waiting for ``exc.awaited`` (a warp, its budget; a model
+        run, its budget and the :attr:`grace` after it): no output, an isolated failure —
+        unless the device has been seen to make no progress for ``stalled`` seconds,
+        ``gpu_hang_after`` or more: hung (UNAVAILABLE, restarted)."""
+        if stalled is None or stalled < self.gpu_hang_after - _RESOLUTION:
             return self._failed(Reason(FRAME_BUDGET, exc.message), BUDGET_TIMEOUT)
         detail = (
             f"the accelerator has made no progress for {stalled:.3f} s "
@@ -136,11 +150,13 @@ class FramePolicy:
 
     def decoded(self, *, late: float, calibration: Reason | None) -> Verdict:
         """A valid output, decoded ``late`` seconds after the frame's deadline (negative: on
-        time), with what is wrong with its calibration (None: nothing)."""
+        time), with what is wrong with its calibration (None: nothing). A late one is published
+        with its output, DEGRADED: a result produced, so it does not count toward
+        ``unavailable_after``."""
         problem = calibration
         if problem is None and late > 0:
             problem = Reason(
-                FRAME_BUDGET, f"decoded {late * 1e3:.1f} ms after the frame's deadline"
+                FRAME_BUDGET, f"late: decoded {late * 1e3:.1f} ms after the frame's deadline"
             )
         if problem is not None:
             self.availability.report_degraded(problem)

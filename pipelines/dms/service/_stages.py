@@ -22,6 +22,7 @@ from aio_runtime import (
     CameraTimeout,
     RuntimeFault,
     WorkerThread,
+    deadline_scope,
     now,
     run_in_thread,
 )
@@ -150,7 +151,10 @@ class Model:
     """The model on each warped frame, on the device's current session. A backend that runs
     back to back is handed each frame as soon as it is warped: its run waits on the runner's
     thread and starts the moment the run in progress returns, unless a newer frame replaces it
-    first (dropped, counted). Otherwise one frame at a time."""
+    first (dropped, counted). Otherwise one frame at a time. A run still in progress at its
+    frame's deadline is not cut there: it may go on for the policy's grace, and its output is
+    then published late (DEGRADED); past the grace it is cut — no output, or a hung device if
+    the device was seen to make no progress."""
 
     def __init__(
         self,
@@ -197,7 +201,13 @@ class Model:
         assert job.image is not None
         start = time.perf_counter()
         try:
-            with job.budget_scope():
+            # A run still in progress at the deadline goes on, its output published late, within
+            # the policy's grace: the frame's bound is its deadline and the grace after it.
+            with deadline_scope(
+                at=job.deadline + self.policy.grace,
+                started=job.start,
+                name=f"frame {job.frame.frame_id} and its grace",
+            ):
                 inference = await session.backend.infer(job.image, vector)
         except RunSuperseded:  # a newer frame took its place before it started
             self.outcomes.dropped("model", job)
@@ -215,7 +225,7 @@ class Model:
     async def _over_budget(
         self, job: FrameJob, session: DeviceSession, exc: BudgetExhausted
     ) -> None:
-        """Late — unless the device has made no progress for too long: hung."""
+        """No output within the grace — hung, if the device was seen to make no progress."""
         stalled = None
         if not session.failing:
             try:

@@ -1,0 +1,236 @@
+"""Benchmark: no false alarms — fault-free runs of ``aio-dms run`` beside CPU-bound load.
+
+Three sections, each ``aio-dms run`` in a child process (``--health-port -1``, messages written
+as JSON lines to a temporary file, logs as JSON on standard error):
+
+* ``load``: for ``--device cpu`` and ``--device sim``, ``--runs`` runs of ``--frames`` frames
+  (default 5 x 600), each beside ``nproc`` copies of ``python3 -c 'while True: pass'`` (default
+  priority, unpinned; started before the run and killed after it). A fault-free run should never
+  be UNAVAILABLE nor restart its accelerator. Per run: the transitions to UNAVAILABLE once the
+  service was first AVAILABLE, the accelerator sessions that failed ("hung": failed because the
+  accelerator made no progress), and the share of frames published invalid, by reason kind.
+* ``interleaved``: on the machine as it is (no added load), ``--rounds`` rounds of one cpu run
+  and one sim run of ``--interleaved-frames`` frames; the model execution time p50 (the
+  message's ``modelExecutionTime``: the warp and model stages) of each device, and sim - cpu
+  (the median of the rounds' differences: the machine's speed drifts between rounds).
+* ``default``: ``--default-runs`` runs of ``aio-dms run --duration 10`` (the defaults: the
+  simulated accelerator), the share of frames published invalid after the first AVAILABLE one.
+
+Frames before the first AVAILABLE message are the service starting (the model loading, the
+recovery hysteresis) and are left out of every share. Prints a table per section, then one JSON
+line with ``load`` (per device: UNAVAILABLE transitions and failed sessions summed over the runs,
+the median invalid share), ``sim_minus_cpu_model_p50_ms``, ``default_invalid_median_pct`` and
+``targets_met``. Targets: 0 UNAVAILABLE transitions and 0 failed sessions under load;
+sim - cpu model execution p50 <= 3 ms; default run invalid share median <= 2 %.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# benchmarks/copy.py sits beside this file: keep this folder off the import path so that it does
+# not stand in for the standard library's ``copy`` module when this runs as a script.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+TARGETS = {"unavailable": 0, "failed_sessions": 0, "sim_minus_cpu_ms": 3.0, "default_pct": 2.0}
+HOG = "while True: pass"
+
+
+@dataclass
+class Run:
+    """What one ``aio-dms run`` published and logged."""
+
+    device: str
+    frames: int = 0
+    """Frames published once the service was first AVAILABLE."""
+    invalid: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Those published invalid, by reason kind."""
+    unavailable: int = 0
+    """Transitions to UNAVAILABLE once the service was first AVAILABLE."""
+    failed_sessions: int = 0
+    hung: int = 0
+    """Failed sessions whose error says the accelerator made no progress."""
+    model_ms: list[float] = field(default_factory=list)
+    exit_code: int = 0
+
+    @property
+    def invalid_pct(self) -> float:
+        return 100.0 * sum(self.invalid.values()) / self.frames if self.frames else float("nan")
+
+    @property
+    def model_p50_ms(self) -> float:
+        return statistics.median(self.model_ms) if self.model_ms else float("nan")
+
+
+def _kind(reason: str) -> str:
+    return reason.partition(": ")[0]
+
+
+def run_service(device: str, args: list[str]) -> Run:
+    """``aio-dms run --device DEVICE ARGS`` in a child process, read back."""
+    with tempfile.TemporaryDirectory() as folder:
+        messages = Path(folder) / "messages.jsonl"
+        command = [
+            sys.executable, "-m", "pipelines.cli", "run", "--device", device,
+            "--health-port", "-1", "--jsonl", str(messages), "--log-format", "json", *args,
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, check=False,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        run = Run(device, exit_code=done.returncode)
+        if done.returncode:
+            print(f"aio-dms run exited with {done.returncode}: {done.stderr[-500:]}")
+        if messages.exists():
+            _read_messages(run, messages.read_text().splitlines())
+    for line in done.stderr.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and event.get("event") == "session failed":
+                run.failed_sessions += 1
+                run.hung += "no progress" in str(event.get("exception", ""))
+    return run
+
+
+def _read_messages(run: Run, lines: list[str]) -> None:
+    up = False
+    previous = ""
+    for line in lines:
+        message = json.loads(line)
+        state = message["availability"]
+        if message["frameId"] >= 0 and state == "available":
+            up = True
+        if up and state == "unavailable" and previous != "unavailable":
+            run.unavailable += 1
+        previous = state
+        if not up or message["frameId"] < 0:
+            continue
+        run.frames += 1
+        if not message["valid"]:
+            run.invalid[_kind(message["reason"])] += 1
+        if message.get("modelExecutionTime"):
+            run.model_ms.append(message["modelExecutionTime"] * 1e3)
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[None]:
+    """``count`` CPU-bound processes at default priority, unpinned, for the block."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+def _reasons(run: Run) -> str:
+    if not run.frames:
+        return "no frames"
+    shares = (f"{kind} {100 * n / run.frames:.1f}%" for kind, n in run.invalid.most_common())
+    return ", ".join(shares) or "-"
+
+
+def load_section(runs: int, frames: int) -> dict[str, dict[str, float]]:
+    hogs = os.cpu_count() or 1
+    print(f"\nload: {runs} runs x {frames} frames per device, beside {hogs} CPU-bound processes")
+    header = f"{'device':<6} {'run':>3} {'frames':>6} {'unavail':>7} {'failed':>6} {'hung':>4} "
+    print(header + f"{'invalid':>7}  by reason kind")
+    results: dict[str, list[Run]] = {"cpu": [], "sim": []}
+    for device in results:
+        for number in range(runs):
+            with cpu_hogs(hogs):
+                run = run_service(device, ["--frames", str(frames)])
+            results[device].append(run)
+            print(
+                f"{device:<6} {number + 1:>3} {run.frames:>6} {run.unavailable:>7} "
+                f"{run.failed_sessions:>6} {run.hung:>4} {run.invalid_pct:>6.1f}%  {_reasons(run)}"
+            )
+    return {
+        device: {
+            "unavailable": sum(r.unavailable for r in device_runs),
+            "failed_sessions": sum(r.failed_sessions for r in device_runs),
+            "hung": sum(r.hung for r in device_runs),
+            "invalid_pct_median": round(statistics.median(r.invalid_pct for r in device_runs), 2),
+            "model_p50_ms": round(statistics.median(r.model_p50_ms for r in device_runs), 2),
+        }
+        for device, device_runs in results.items()
+    }
+
+
+def interleaved_section(rounds: int, frames: int) -> dict[str, float]:
+    print(
+        f"\ninterleaved: {rounds} rounds of a cpu and a sim run of {frames} frames, no added load"
+    )
+    print(f"{'round':>5} {'cpu p50 ms':>10} {'sim p50 ms':>10} {'sim-cpu':>8}")
+    p50s: dict[str, list[float]] = {"cpu": [], "sim": []}
+    for number in range(rounds):
+        for device in p50s:
+            p50s[device].append(run_service(device, ["--frames", str(frames)]).model_p50_ms)
+        cpu, sim = p50s["cpu"][-1], p50s["sim"][-1]
+        print(f"{number + 1:>5} {cpu:>10.2f} {sim:>10.2f} {sim - cpu:>8.2f}")
+    cpu, sim = statistics.median(p50s["cpu"]), statistics.median(p50s["sim"])
+    paired = statistics.median(s - c for s, c in zip(p50s["sim"], p50s["cpu"], strict=True))
+    print(f"{'median':>5} {cpu:>10.2f} {sim:>10.2f} {paired:>8.2f}  (sim-cpu: the rounds' median)")
+    return {
+        "cpu_model_p50_ms": round(cpu, 2),
+        "sim_model_p50_ms": round(sim, 2),
+        "sim_minus_cpu_model_p50_ms": round(paired, 2),
+    }
+
+
+def default_section(runs: int) -> float:
+    print(f"\ndefault: {runs} runs of aio-dms run --duration 10 (the simulated accelerator)")
+    print(f"{'run':>3} {'frames':>6} {'invalid':>7}  by reason kind")
+    shares = []
+    for number in range(runs):
+        run = run_service("sim", ["--duration", "10"])
+        shares.append(run.invalid_pct)
+        print(f"{number + 1:>3} {run.frames:>6} {run.invalid_pct:>6.1f}%  {_reasons(run)}")
+    return statistics.median(shares)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="loaded runs per device")
+    parser.add_argument("--frames", type=int, default=600, help="frames per loaded run")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    parser.add_argument("--interleaved-frames", type=int, default=200)
+    parser.add_argument("--default-runs", type=int, default=5, help="runs of --duration 10")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} CPUs; each run: aio-dms run in a child process")
+    load = load_section(args.runs, args.frames) if args.runs else {}
+    interleaved = interleaved_section(args.rounds, args.interleaved_frames) if args.rounds else {}
+    default = default_section(args.default_runs) if args.default_runs else float("nan")
+    difference = interleaved.get("sim_minus_cpu_model_p50_ms", float("nan"))
+    summary = {
+        "load": load,
+        **interleaved,
+        "default_invalid_median_pct": round(default, 2),
+        "targets_met": all(
+            device["unavailable"] <= TARGETS["unavailable"]
+            and device["failed_sessions"] <= TARGETS["failed_sessions"]
+            for device in load.values()
+        )
+        and difference <= TARGETS["sim_minus_cpu_ms"]
+        and default <= TARGETS["default_pct"],
+    }
+    print(f"\ntargets: {TARGETS}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
