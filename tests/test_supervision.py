@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import random
 
 import anyio
 import pytest
+import structlog
 
 from aio_runtime import (
     Availability,
@@ -236,14 +238,42 @@ async def test_a_fatal_error_ends_supervision_after_reporting_it():
     )
 
 
-async def test_each_failure_is_logged_with_its_traceback(captured_logs):
+async def test_a_typed_fault_is_logged_as_one_line_with_its_traceback_at_debug(captured_logs):
     device = FlakyDevice(failures=1)
     supervisor = Supervisor("gpu", device.open, device.run, backoff=Backoff(initial=0.1, cap=1))
     async with virtual_time():
         await supervisor.run()
     failures = [e for e in captured_logs if e["event"] == "session failed"]
     assert len(failures) == 1
-    assert isinstance(failures[0]["exc_info"], DeviceLost)
+    assert failures[0]["log_level"] == "warning"
+    assert failures[0]["error"] == "DeviceLost: [host] bridge not enumerated"
+    assert "exc_info" not in failures[0]
+    tracebacks = [e for e in captured_logs if "exc_info" in e]
+    assert len(tracebacks) == 1
+    assert tracebacks[0]["log_level"] == "debug"
+    assert isinstance(tracebacks[0]["exc_info"], DeviceLost)
+
+
+async def test_an_unexpected_error_is_logged_with_its_traceback(captured_logs):
+    calls = []
+
+    @contextlib.asynccontextmanager
+    async def open_session():
+        calls.append(now())
+        if len(calls) == 1:
+            raise KeyError("a bug in the session code")
+        yield None
+
+    async def run(session):
+        pass
+
+    supervisor = Supervisor("gpu", open_session, run, backoff=Backoff(initial=0.1, cap=1))
+    async with virtual_time():
+        await supervisor.run()
+    failures = [e for e in captured_logs if e["event"] == "session failed"]
+    assert len(failures) == 1
+    assert failures[0]["log_level"] == "warning"
+    assert isinstance(failures[0]["exc_info"], KeyError)
 
 
 async def test_cancelling_supervision_during_an_overrunning_teardown_stops_it():
@@ -257,3 +287,261 @@ async def test_cancelling_supervision_during_an_overrunning_teardown_stops_it():
             await supervisor.run()
     assert supervisor.statistics().failures == 0  # a cancellation is not a fault to retry
     assert "retrying" not in machine.state.reason
+
+
+def test_a_typed_fault_renders_as_one_line_at_warning(monkeypatch):
+    """What an operator's log shows for an expected restart: one line, no traceback."""
+    from aio_runtime import configure_logging
+    from aio_runtime._core import _log as log_module
+
+    monkeypatch.setattr(log_module, "_configured", False)
+    previous = structlog.get_config()
+    stream = io.StringIO()
+    try:
+        configure_logging("console", stream=stream, level="warning")
+        device = FlakyDevice(failures=1)
+        supervisor = Supervisor("gpu", device.open, device.run, backoff=Backoff(initial=0.1, cap=1))
+
+        async def main():
+            async with virtual_time():
+                await supervisor.run()
+
+        anyio.run(main)
+    finally:
+        structlog.configure(**previous)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert "session failed" in lines[0] and "bridge not enumerated" in lines[0]
+    assert "Traceback" not in stream.getvalue()
+
+
+# -- probing: reopening as soon as the device answers again ----------------------------------------
+
+
+class ProbedDevice:
+    """A device that is away during ``away`` = (start, end) seconds after :meth:`start`. Opening
+    it while it is away waits out ``open_bound`` (the hardware bounds of an open) and fails; a
+    session that opens runs ``run_for`` and fails with ``fault`` (None: it finishes). Times are
+    recorded from :meth:`start`."""
+
+    def __init__(self, away, *, open_bound=10.0, run_for=0.0, fault=None, open_fails=0):
+        self.away = away
+        self.open_bound = open_bound
+        self.run_for = run_for
+        self.fault = fault
+        self.open_fails = open_fails
+        self.open_times: list[float] = []
+        self.opened_times: list[float] = []
+        self.cleanups = 0
+        self.probe_times: list[float] = []
+        self.probe_while_running = 0
+        self._running = False
+        self.t0 = 0.0
+
+    def start(self):
+        self.t0 = now()
+
+    def now(self):
+        return now() - self.t0
+
+    def present(self):
+        start, end = self.away
+        return not start <= self.now() < end
+
+    async def probe(self):
+        self.probe_times.append(self.now())
+        if self._running:
+            self.probe_while_running += 1
+        return self.present()
+
+    @contextlib.asynccontextmanager
+    async def open(self):
+        self.open_times.append(self.now())
+        try:
+            if not self.present():
+                await anyio.sleep(self.open_bound)
+                raise DeviceLost("no answer within the open's bounds")
+            if len(self.open_times) <= self.open_fails:
+                raise DeviceLost("firmware refused")
+        except BaseException:
+            self.cleanups += 1
+            raise
+        self.opened_times.append(self.now())
+        yield self
+
+    async def run(self, session):
+        self._running = True
+        try:
+            await anyio.sleep(self.run_for)
+        finally:
+            self._running = False
+        if self.fault is not None:
+            raise self.fault
+
+
+async def test_backing_off_ends_when_the_device_answers_again():
+    # Opened at 0, fails at 1 (the device goes away); backing off 5 s at the cap; back at 2.25.
+    device = ProbedDevice((1.0, 2.25), run_for=1.0, fault=DeviceLost("unplugged"))
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        backoff=Backoff(initial=5.0, cap=5.0),
+        probe=device.probe,
+        probe_interval=0.1,
+        healthy_after=100,
+    )
+    async with virtual_time():
+        device.start()
+        with anyio.move_on_after(2.5):
+            await supervisor.run()
+    # The first probe that answers (at 2.3, the 13th every 0.1 s from 1.0) ends the backoff.
+    assert device.open_times == pytest.approx([0.0, 2.3])
+    assert device.probe_while_running == 0
+    stats = supervisor.statistics()
+    assert stats.probes == 13 and stats.probes_failed == 12
+
+
+async def test_a_device_that_answers_but_fails_to_open_waits_out_its_backoff():
+    device = ProbedDevice((-1, -1), open_fails=3)
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        backoff=Backoff(initial=0.5, factor=2, cap=10),
+        probe=device.probe,
+        probe_interval=0.1,
+    )
+    async with virtual_time():
+        await supervisor.run()
+    assert gaps(device.open_times) == pytest.approx([0.5, 1.0, 2.0])
+
+
+async def test_a_session_that_failed_running_is_reopened_one_probe_after_the_device_answers():
+    # Each session fails 0.2 s after opening, on a device that answers: the backoff grows
+    # (0.1, 0.2, 0.4, ...), but each reopen comes at the first probe, 0.1 s after the failure.
+    device = ProbedDevice((-1, -1), run_for=0.2, fault=DeviceLost("hung"))
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        backoff=Backoff(initial=0.1, factor=2, cap=5),
+        probe=device.probe,
+        probe_interval=0.1,
+        healthy_after=1.0,
+    )
+    async with virtual_time():
+        with anyio.move_on_after(2.05):
+            await supervisor.run()
+    assert set(gaps(device.open_times)) == {0.3}
+    assert supervisor.statistics().consecutive_failures >= 6  # the backoff grew meanwhile
+
+
+async def test_an_opening_attempt_begun_while_the_device_was_away_is_abandoned_when_it_answers():
+    # The device is away from the start until 0.35: the first open waits out its 10 s bound
+    # in vain unless abandoned; the probes at 0.1..0.3 fail, the one at 0.4 answers.
+    machine = AvailabilityMachine()
+    device = ProbedDevice((0.0, 0.35), open_bound=10.0)
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        availability=machine,
+        backoff=Backoff(initial=0.1, cap=5),
+        probe=device.probe,
+        probe_interval=0.1,
+    )
+    with TransitionRecorder(machine) as recorder:
+        async with virtual_time():
+            device.start()
+            with anyio.fail_after(5):
+                await supervisor.run()
+    assert device.open_times == pytest.approx([0.0, 0.4])
+    assert device.opened_times == pytest.approx([0.4])
+    assert device.cleanups == 1  # the abandoned attempt's context manager cleaned up
+    stats = supervisor.statistics()
+    assert (stats.attempts, stats.failures, stats.abandoned) == (2, 0, 1)
+    assert "gpu: opening session (attempt 2; attempt 1 abandoned: the device answers again)" in [
+        s.reason for s in recorder.states()
+    ]
+
+
+async def test_an_attempt_begun_after_failed_probes_is_abandoned_at_the_first_answer():
+    # Away from 1.0 to 1.65; the session fails at 1.0 (as it goes); the backoff (0.5 s) runs out
+    # at 1.5 while the probes still fail, so attempt 2 begins while the device is away: its
+    # first probe (1.6) fails too, the next (1.7) answers and abandons it at once.
+    device = ProbedDevice((1.0, 1.65), run_for=1.0, fault=DeviceLost("unplugged"))
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        backoff=Backoff(initial=0.5, cap=5),
+        probe=device.probe,
+        probe_interval=0.1,
+        healthy_after=100,
+    )
+    async with virtual_time():
+        device.start()
+        with anyio.move_on_after(1.8):
+            await supervisor.run()
+    assert device.open_times == pytest.approx([0.0, 1.5, 1.7])
+    assert device.opened_times == pytest.approx([0.0, 1.7])
+    assert supervisor.statistics().abandoned == 1
+
+
+async def test_an_attempt_is_not_abandoned_while_the_device_keeps_answering():
+    device = ProbedDevice((-1, -1))
+
+    @contextlib.asynccontextmanager
+    async def slow_open():
+        await anyio.sleep(2.0)  # a long boot, on a device that answers throughout
+        async with device.open() as session:
+            yield session
+
+    supervisor = Supervisor("gpu", slow_open, device.run, probe=device.probe, probe_interval=0.1)
+    async with virtual_time():
+        device.start()
+        await supervisor.run()
+    assert device.opened_times == pytest.approx([2.0])
+    assert supervisor.statistics().abandoned == 0
+    # every 0.1 s while it opened
+    assert gaps(device.probe_times) == pytest.approx([0.1] * (len(device.probe_times) - 1))
+    assert len(device.probe_times) >= 19 and device.probe_times[-1] <= 2.0 + 1e-6
+
+
+@pytest.mark.parametrize("behaviour", ["raises", "overruns"])
+async def test_a_probe_that_raises_or_overruns_did_not_answer(behaviour):
+    probed: list[float] = []
+
+    async def probe():
+        probed.append(now())
+        if behaviour == "raises":
+            raise DeviceLost("no device")
+        await anyio.sleep(10)
+        return True
+
+    device = FlakyDevice(failures=1)
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        backoff=Backoff(initial=1.0, cap=1.0),
+        probe=probe,
+        probe_interval=0.1,
+        probe_timeout=0.05,
+    )
+    async with virtual_time():
+        with anyio.fail_after(5):
+            await supervisor.run()
+    assert gaps(device.open_times) == pytest.approx([1.0])  # no answer: the backoff runs out
+    stats = supervisor.statistics()
+    assert stats.probes == stats.probes_failed == len(probed) >= 9
+
+
+@pytest.mark.parametrize("kwargs", [{"probe_interval": 0}, {"probe_timeout": -1.0}])
+def test_probe_bounds_must_be_positive(kwargs):
+    async def probe():
+        return True
+
+    with pytest.raises(ValueError):
+        Supervisor("gpu", FlakyDevice(0).open, FlakyDevice(0).run, probe=probe, **kwargs)

@@ -8,6 +8,12 @@ is reported to an :class:`~aio_runtime.AvailabilityMachine` as ``UNAVAILABLE`` w
 and counted in :meth:`Supervisor.statistics`. Only the owner ends supervision, by cancelling it;
 a session's ``run`` returning normally means its work is finished, and :meth:`Supervisor.run`
 returns too.
+
+A supervisor may be given a *probe*: a cheap check that the device answers at all (one register
+read with a short bound), much cheaper than opening a session. Probed every ``probe_interval``
+while the supervisor backs off and while a session opens, it decides when a full reopen is worth
+trying — as soon as the device is back, not when a backoff delay or an open's hardware bounds
+happen to run out (see :class:`Supervisor`).
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.abc
 
 from ._clock import now, validate_timeout
+from ._errors import RuntimeFault
 from ._health import AvailabilityMachine, Reason
 from ._log import get_logger
 from ._waits import pause
@@ -74,6 +82,11 @@ class SupervisorStatistics:
     last_error: str | None
     next_delay: float | None
     """Delay before the next attempt while backing off, else None."""
+    abandoned: int = 0
+    """Opening attempts given up because the device answered its probe again (see ``probe``)."""
+    probes: int = 0
+    probes_failed: int = 0
+    """Probes that did not answer (failed, raised or overran ``probe_timeout``)."""
 
 
 class Supervisor(Generic[S]):
@@ -86,11 +99,31 @@ class Supervisor(Generic[S]):
     until it faults (raises) or is finished (returns).
 
     Every ``Exception`` is retried — the service must not silently stop — except the types in
-    ``fatal``, which end supervision (reported UNAVAILABLE first, then re-raised). Each failure is
-    logged with its traceback.
+    ``fatal``, which end supervision (reported UNAVAILABLE first, then re-raised). A failure that
+    is one of the runtime's typed faults (:class:`~aio_runtime.RuntimeFault`: expected, and its
+    message says what happened) is logged as one line at warning, its traceback at debug; any
+    other exception is logged at warning with its traceback.
 
     A session that stayed up for ``healthy_after`` seconds before failing resets the backoff, so an
     occasional fault costs one short delay while a device that fails at once backs off to the cap.
+
+    ``probe()``, when given, says whether the device answers (True) — a cheap check, such as one
+    register read. It is called every ``probe_interval`` seconds (default: the backoff's first
+    delay) while the supervisor backs off and while a session opens, each call bounded by
+    ``probe_timeout`` (default: ``probe_interval``); a probe that raises or overruns did not
+    answer. It is never called while a session runs or is torn down.
+
+    * Backing off, the delay ends at the first probe that answers, once reopening is worth it:
+      a probe has failed since the failed attempt began (the device went away and is back), or
+      the session had opened before it failed (the device can be opened; what failed was its
+      work). A device that answers all along yet cannot be opened waits out its backoff: its
+      trouble is not one a probe sees. The first probe comes one ``probe_interval`` into the
+      delay, so a device that answers at once is still given that pause.
+    * Opening, an attempt that began while the device did not answer, or during which a probe
+      failed, is abandoned as soon as a probe answers again: it is cancelled (leaving its
+      ``open_session()`` context manager releases what it took) and a new attempt starts at once,
+      instead of waiting out bounds meant for a device that was not there. An abandoned attempt
+      is not a failure: it neither counts nor grows the backoff.
     """
 
     def __init__(
@@ -105,6 +138,9 @@ class Supervisor(Generic[S]):
         teardown_timeout: float = 5.0,
         fatal: tuple[type[Exception], ...] = (),
         rng: random.Random | None = None,
+        probe: Callable[[], Awaitable[bool]] | None = None,
+        probe_interval: float | None = None,
+        probe_timeout: float | None = None,
     ) -> None:
         self.name = name
         self._open = open_session
@@ -117,9 +153,22 @@ class Supervisor(Generic[S]):
         self.teardown_timeout = teardown
         self.fatal = fatal
         self._rng = rng or random.Random()
+        self.probe = probe
+        interval = self.backoff.initial if probe_interval is None else probe_interval
+        self.probe_interval = _positive(interval, "probe_interval")
+        self.probe_timeout = _positive(
+            interval if probe_timeout is None else probe_timeout, "probe_timeout"
+        )
         self._attempts = 0
         self._failures = 0
         self._consecutive = 0
+        self._abandoned = 0
+        self._probes = 0
+        self._probes_failed = 0
+        self._answering: bool | None = None
+        """What the last probe found (None: no probe yet)."""
+        self._missed = False
+        """A probe has failed since the current attempt began, or the last one before it did."""
         self._last_error: str | None = None
         self._next_delay: float | None = None
 
@@ -130,6 +179,9 @@ class Supervisor(Generic[S]):
             consecutive_failures=self._consecutive,
             last_error=self._last_error,
             next_delay=self._next_delay,
+            abandoned=self._abandoned,
+            probes=self._probes,
+            probes_failed=self._probes_failed,
         )
 
     def _report(self, detail: str) -> None:
@@ -140,22 +192,56 @@ class Supervisor(Generic[S]):
 
     async def run(self) -> None:
         """Supervise until cancelled, or until a session's ``run`` returns normally."""
+        fatal: list[Exception] = []
+        async with anyio.create_task_group() as watchers:  # probes while sessions open
+            try:
+                await self._supervise(watchers)
+            except Exception as exc:  # raised here, not as an exception group of the watchers
+                fatal.append(exc)
+            watchers.cancel_scope.cancel()
+        if fatal:
+            raise fatal[0]
+
+    async def _supervise(self, watchers: anyio.abc.TaskGroup) -> None:
+        abandoned: int | None = None
         while True:
             self._attempts += 1
             self._next_delay = None
+            self._missed = self._answering is False
             attempt = self._attempts
-            last = f"; last error: {self._last_error}" if self._last_error else ""
-            self._report(f"opening session (attempt {attempt}{last})")
+            notes = [f"attempt {attempt}"]
+            if abandoned is not None:
+                notes.append(f"attempt {abandoned} abandoned: the device answers again")
+            if self._last_error:
+                notes.append(f"last error: {self._last_error}")
+            self._report(f"opening session ({'; '.join(notes)})")
             _log.info("session opening", session=self.name, attempt=attempt)
             opened_at: float | None = None
+            abandoned = None
             try:
-                session_cm = self._open()
-                session = await session_cm.__aenter__()
-                opened_at = now()
-                _log.info("session ready", session=self.name, attempt=attempt)
-                await self._run_and_teardown(session_cm, session)
+                # The attempt's scope spans the session's life (a session's context manager may
+                # hold scopes of its own across its yield); only the opening watcher cancels it.
+                with anyio.CancelScope() as scope:
+                    watch = self._watch_opening(watchers, scope)
+                    session_cm = self._open()
+                    try:
+                        session = await session_cm.__aenter__()
+                    finally:
+                        watch.cancel()
+                    opened_at = now()
+                    _log.info("session ready", session=self.name, attempt=attempt)
+                    await self._run_and_teardown(session_cm, session)
             except Exception as exc:
                 await self._failed(exc, attempt, opened_at)
+                continue
+            if scope.cancelled_caught:
+                self._abandoned += 1
+                abandoned = attempt
+                _log.info(
+                    "session opening abandoned: the device answers again",
+                    session=self.name,
+                    attempt=attempt,
+                )
                 continue
             _log.info("session finished", session=self.name, attempt=attempt)
             return
@@ -204,12 +290,75 @@ class Supervisor(Generic[S]):
         delay = self.backoff.delay(self._consecutive, self._rng)
         self._next_delay = delay
         self._report(f"{error} (attempt {attempt} failed; retrying in {delay:.3g} s)")
-        _log.warning(
-            "session failed",
-            session=self.name,
-            attempt=attempt,
-            retry_in_s=delay,
-            consecutive_failures=self._consecutive,
-            exc_info=exc,
-        )
-        await pause(delay)
+        fields = {
+            "session": self.name,
+            "attempt": attempt,
+            "retry_in_s": delay,
+            "consecutive_failures": self._consecutive,
+        }
+        if isinstance(exc, RuntimeFault):  # expected: its message says what happened
+            _log.warning("session failed", error=error, **fields)
+            _log.debug("session failure traceback", exc_info=exc, **fields)
+        else:
+            _log.warning("session failed", exc_info=exc, **fields)
+        await self._back_off(delay, opened=opened_at is not None)
+
+    # -- probing -------------------------------------------------------------------------------
+
+    async def _probe_once(self) -> bool:
+        """One probe, bounded by ``probe_timeout``: True if the device answered."""
+        assert self.probe is not None
+        self._probes += 1
+        answered = False
+        try:
+            with anyio.move_on_after(self.probe_timeout):
+                answered = bool(await self.probe())
+        except Exception as exc:
+            _log.debug("probe failed", session=self.name, error=f"{type(exc).__name__}: {exc}")
+        self._answering = answered
+        if not answered:
+            self._probes_failed += 1
+            self._missed = True
+        return answered
+
+    async def _probe_until(self, worth_it: Callable[[bool], bool]) -> None:
+        """Probe every ``probe_interval`` (start to start) until ``worth_it(answered)``."""
+        next_at = now() + self.probe_interval
+        while True:
+            await anyio.sleep_until(next_at)
+            next_at = now() + self.probe_interval
+            if worth_it(await self._probe_once()):
+                return
+
+    async def _back_off(self, delay: float, *, opened: bool) -> None:
+        """Wait ``delay`` before the next attempt; with a probe, less once reopening is worth
+        it (see the class)."""
+        if self.probe is None:
+            await pause(delay)
+            return
+        with anyio.move_on_after(delay):
+            await self._probe_until(lambda answered: answered and (opened or self._missed))
+
+    def _watch_opening(
+        self, watchers: anyio.abc.TaskGroup, attempt: anyio.CancelScope
+    ) -> anyio.CancelScope:
+        """With a probe, probe while an attempt opens and cancel ``attempt`` once the device
+        answers after not answering. The watcher's scope: cancelled once the attempt is open."""
+        scope = anyio.CancelScope()
+        if self.probe is None:
+            return scope
+
+        async def watch() -> None:
+            with scope:
+                await self._probe_until(lambda answered: answered and self._missed)
+                attempt.cancel()
+
+        watchers.start_soon(watch)
+        return scope
+
+
+def _positive(value: float, what: str) -> float:
+    checked = validate_timeout(value, what=what)
+    if not checked:
+        raise ValueError(f"{what} must be > 0 seconds, got {value!r}")
+    return checked
