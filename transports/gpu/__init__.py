@@ -1,7 +1,7 @@
 """The GPU device session over a USB-PCIe bridge: boot, memory, queues, copies, kernels, recovery."""
 
 from ..errors import GpuFault
-from .boot import BLOCKS
+from .boot import BLOCKS, bridge_answers
 from .config import SessionConfig
 from .deps import DependencyFailed, DependencyTracker
 from .session import Buffer, GpuSession, HostMapping
@@ -15,4 +15,5 @@ __all__ = [
     "GpuSession",
     "HostMapping",
     "SessionConfig",
+    "bridge_answers",
 ]

@@ -8,6 +8,9 @@ Partial boot when SCRATCH_REG7 holds this driver's version stamp, SCRATCH_REG6 i
 session ended cleanly) and the VM protection-fault status is clear; otherwise full (and always
 full on a device in its error state). A full boot on a GPU whose firmware already runs (PSP sOS
 alive and the SMU answering) first mode-1 resets it.
+
+The SMU's messages go through :mod:`transports.gpu.smu` (re-sent while unanswered).
+:func:`bridge_answers` is the cheap liveness check a supervisor probes with between boots.
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ from aio_runtime import (
     FirmwareTimeout,
     Layer,
     Mailbox,
-    MailboxLayout,
-    PollPolicy,
     RangeAllocator,
     Readiness,
     ReadinessLayer,
+    RuntimeFault,
     get_logger,
     pause,
     wait_until,
@@ -37,6 +39,7 @@ from aio_runtime import (
 from ..bridge import BridgeClient
 from ..protocol import gpu as hw
 from ..protocol.bridge import EP_BULK_OUT, SRAM_PCIE
+from ..usb import UsbTransport
 from .config import (
     COMPUTE_RING,
     HEAP_OFFSET,
@@ -49,6 +52,7 @@ from .config import (
 )
 from .copy import CopyProtocol
 from .queues import Ring
+from .smu import FIRMWARE_POLICY, send_smu, smu_answers, smu_mailbox
 
 __all__ = [
     "BLOCKS",
@@ -59,12 +63,11 @@ __all__ = [
     "Psp",
     "boot",
     "boot_mode",
+    "bridge_answers",
     "scan_interrupts",
-    "smu_mailbox",
 ]
 
 BLOCKS = ("SOC", "GMC", "IH", "PSP", "SMU", "GFX", "SDMA")
-_FIRMWARE_POLICY = PollPolicy(spin=0, first_interval=0.0005, max_interval=0.01)
 _log = get_logger(__name__)
 
 
@@ -120,16 +123,19 @@ async def scan_interrupts(regs: BridgeRegisters) -> list[int]:
     return sources
 
 
-def smu_mailbox(regs: BridgeRegisters, timeout: float) -> Mailbox:
-    return Mailbox(
-        regs,
-        MailboxLayout(message=hw.SMU_MSG // 4, argument=hw.SMU_ARG // 4, response=hw.SMU_RESP // 4),
-        name="SMU",
-        timeout=timeout,
-        success=hw.SMU_OK,
-        policy=_FIRMWARE_POLICY,
-        codes={0xFF: "failed", 0xFE: "unknown message", 0xFD: "command rejected"},
-    )
+async def bridge_answers(usb: UsbTransport, *, timeout: float) -> bool:
+    """Whether the bridge behind ``usb`` answers one read of its link-state byte within
+    ``timeout``: a liveness check that costs one control transfer and needs neither the PCIe
+    link nor a session. False when it does not answer in time (or answers with an error);
+    :class:`~aio_runtime.DeviceLost` when the transport is closed or its device went away (no
+    answer will ever come over it: open a new one)."""
+    try:
+        await BridgeClient(usb, control_timeout=timeout).link_state()
+    except DeviceLost:
+        raise
+    except RuntimeFault:
+        return False
+    return True
 
 
 class Psp:
@@ -164,7 +170,7 @@ class Psp:
             error=FirmwareTimeout,
             layer=Layer.FIRMWARE,
             timeout=self.timeout,
-            policy=_FIRMWARE_POLICY,
+            policy=FIRMWARE_POLICY,
         )
 
     async def sos_alive(self) -> bool:
@@ -219,7 +225,7 @@ class Psp:
             layer=Layer.FIRMWARE,
             timeout=self.timeout,
             expected=value,
-            policy=_FIRMWARE_POLICY,
+            policy=FIRMWARE_POLICY,
         )
         status = await self.bridge.mem_read(self.commands + hw.PSP_RESPONSE_OFFSET)
         if status:
@@ -278,7 +284,7 @@ async def boot(bridge: BridgeClient, config: SessionConfig, readiness: Readiness
     if log.mode is BootMode.FULL:
         await _full_boot(bridge, regs, smu, config, log)
     else:
-        await _partial_boot(smu, log)
+        await _partial_boot(smu, config, log)
     readiness.mark_up(ReadinessLayer.FIRMWARE_READY)
     log.step("readiness", "firmware_ready")
 
@@ -333,7 +339,7 @@ async def _full_boot(
         timeout=config.firmware_timeout,
         stage_image=functools.partial(_stage_image, bridge, config.bulk_timeout),
     )
-    if await psp.sos_alive() and await _smu_answers(smu, config.smu_probe_timeout):
+    if await psp.sos_alive() and await smu_answers(smu, config.smu_probe_timeout):
         await regs.write(hw.SMU_MSG // 4, hw.SmuMessage.MODE1_RESET)
         await pause(config.mode1_reset_pause)
         log.step("SOC", "mode-1 reset (firmware was running)")
@@ -348,26 +354,17 @@ async def _full_boot(
         await psp.submit(hw.PspCommand.LOAD_IP_FW, firmware, log)
     log.step("PSP", "firmware loaded")
     table = hw.VRAM_BASE + PSP_FENCE + 0x1000
-    await smu.send(hw.SmuMessage.DRIVER_TABLE_HIGH, table >> 32)
-    await smu.send(hw.SmuMessage.DRIVER_TABLE_LOW, table & 0xFFFF_FFFF)
-    await smu.send(hw.SmuMessage.ENABLE_ALL_FEATURES)
+    await send_smu(smu, config, hw.SmuMessage.DRIVER_TABLE_HIGH, table >> 32)
+    await send_smu(smu, config, hw.SmuMessage.DRIVER_TABLE_LOW, table & 0xFFFF_FFFF)
+    await send_smu(smu, config, hw.SmuMessage.ENABLE_ALL_FEATURES)
     log.step("SMU", "features enabled")
 
 
-async def _partial_boot(smu: Mailbox, log: BootLog) -> None:
+async def _partial_boot(smu: Mailbox, config: SessionConfig, log: BootLog) -> None:
     """The firmware still runs: check the SMU answers."""
     log.step("PSP", "sOS running (partial boot)")
-    await smu.send(hw.SmuMessage.TEST)
+    await send_smu(smu, config, hw.SmuMessage.TEST)
     log.step("SMU", "answering (partial boot)")
-
-
-async def _smu_answers(smu: Mailbox, timeout: float) -> bool:
-    try:
-        await smu.send(hw.SmuMessage.TEST, timeout=timeout)
-    except FirmwareTimeout:
-        smu.reset()  # no SMU firmware runs: nothing will answer the probe later either
-        return False
-    return True
 
 
 async def _stage_image(bridge: BridgeClient, timeout: float, component: int) -> int:

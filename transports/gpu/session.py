@@ -6,8 +6,8 @@ booted device. Then: memory (:meth:`alloc` / :meth:`free`, staged with rollback:
 what it took), host mappings (:meth:`map_host` / :meth:`unmap`, symmetric), copies
 (:meth:`copy_in` / :meth:`copy_out` through :class:`~transports.gpu.copy.CopyProtocol`), kernels
 (:meth:`run_kernel`, awaiting the compute timeline with a deadline:
-:class:`~transports.gpu.timeline.ComputeTimeline`), :meth:`recover` (never a sticky error) and
-:meth:`aclose`.
+:class:`~transports.gpu.timeline.ComputeTimeline`), :meth:`recover` (never a sticky error),
+:meth:`aclose`, and :meth:`abandon` (a close for a device that no longer answers).
 
 Work on the copy and compute queues is ordered by a :class:`~transports.gpu.deps.DependencyTracker`
 over the byte ranges it touches.
@@ -324,15 +324,36 @@ class GpuSession(AsyncResource):
                     await self.regs.write(hw.SCRATCH_REG6 // 4, error)
                 except RuntimeFault as exc:
                     _log.warning("gpu close could not record a clean end", error=str(exc))
-            self.timeline.release()  # the queues are stopped
-            for buffer in list(self._buffers):  # the queues are stopped: nothing uses them now
-                self._buffers.discard(buffer)
-                await buffer.owner.release()
-            for mapping in list(self._mappings):
-                self.unmap(mapping)
+            await self._release()  # the queues are stopped: nothing uses what they held
         finally:
-            self.readiness.mark_down(ReadinessLayer.DEVICE_ONLINE, "session closed")
-            await self.usb.aclose()
+            await self._closed_down()
+
+    async def abandon(self) -> None:
+        """Close without a word to the device: for one that does not answer (see
+        :func:`~transports.gpu.boot.bridge_answers`), whose transfers would only wait out their
+        bounds. What the session holds is released as :meth:`aclose` releases it; SCRATCH_REG6
+        still says "in use", so the next open boots fully — and resets the queues and the
+        memory this session used before anyone uses them again."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._release()
+        finally:
+            await self._closed_down()
+        _log.info("gpu session abandoned: the device did not answer")
+
+    async def _release(self) -> None:
+        self.timeline.release()
+        for buffer in list(self._buffers):
+            self._buffers.discard(buffer)
+            await buffer.owner.release()
+        for mapping in list(self._mappings):
+            self.unmap(mapping)
+
+    async def _closed_down(self) -> None:
+        self.readiness.mark_down(ReadinessLayer.DEVICE_ONLINE, "session closed")
+        await self.usb.aclose()
 
     def _check_open(self) -> None:
         if self._closed:
