@@ -44,6 +44,7 @@ from pipelines.dms.reference_model import reference_model_path
 from pipelines.dms.service import DmsService
 from pipelines.dms.service._backends import CpuBackend
 from pipelines.dms.warp import MODEL_INPUT_SIZE
+from transports.gpu import SessionConfig
 from transports.sim.usb import SimUsbTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -351,3 +352,97 @@ async def test_a_cpu_run_past_its_deadline_is_published_late_not_stopped(monkeyp
     assert len(late) >= len(slow) - 1  # a slow run may be the first frame's
     assert all(m.left_driver_data is not None and m.frame_age > config.budget for m in late)
     assert not any(m.availability == "unavailable" for m in after)
+
+
+# -- recovery: from the end of a fault to AVAILABLE ------------------------------------------------
+
+RECOVERY = 1.0
+"""Seconds from the end of a fault to AVAILABLE again, at most, on top of the hardware's own
+mandatory pauses (a mode-1 reset, where the boot that recovers needs one)."""
+MODE1_RESET = "SOC: mode-1 reset (firmware was running)"
+
+
+class RecordedCamera:
+    """The synthetic camera, noting as each frame reaches the service when it did (loop clock),
+    and whether the model's device was then being reopened."""
+
+    def __init__(self, service_of):
+        self.camera = SyntheticCamera()
+        self.service_of = service_of
+        self.arrived: list[float] = []
+        self.reopening: list[bool] = []
+
+    def __aiter__(self):
+        return self._frames()
+
+    async def _frames(self):
+        async for frame in self.camera:
+            service = self.service_of()
+            reason = service.availability.state.reason
+            self.arrived.append(now())
+            self.reopening.append(
+                service.device.current is None
+                and reason is not None
+                and reason.detail.startswith("opening session")
+            )
+            yield frame
+
+
+@pytest.mark.parametrize(
+    ("faults", "during_reopen"),  # which fault (by index) strikes while a session reopens
+    [
+        ("gpu-hang@20+6", None),
+        ("fence-stall@20+6", None),
+        ("usb-timeout@20+6", None),
+        ("usb-disconnect@20+6", None),
+        ("gpu-hang@20+2,smu-timeout@21+10", None),  # the SMU is silent as the session reboots
+        ("usb-timeout@20+6,smu-timeout@31+6", 1),
+        ("usb-timeout@20+6,usb-timeout@33+4", 1),
+        ("usb-timeout@20+6,usb-disconnect@32+4", 1),
+        ("usb-timeout@20+6,gpu-hang@32+8", 1),
+        ("usb-timeout@20+6,fence-stall@32+8", 1),
+    ],
+)
+async def test_the_service_is_available_within_a_second_of_a_fault_ending(faults, during_reopen):
+    """From the end of the last fault (its last frame has passed; a bridge that left the bus is
+    back) to AVAILABLE: at most RECOVERY virtual seconds, plus 0.5 s where the boot that
+    recovers needs a mode-1 reset — for every kind of accelerator fault, and for faults that
+    strike while the session is being reopened (which must then be what they struck)."""
+    config = ServiceConfig(
+        device="sim", health_port=None, calib=(0.0, 0.0, 0.0), frames=FRAMES + 20, faults=faults
+    )
+    service = None
+    camera = RecordedCamera(lambda: service)
+    end = max(spec.start + spec.frames for spec in config.faults)
+    recovered: list[tuple[float, list[str]]] = []
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            with anyio.fail_after(30):
+                service = DmsService(config, source=camera)
+                async with service:
+
+                    async def watch():
+                        with service.transitions() as transitions:
+                            async for t in transitions:
+                                late = len(camera.arrived) > end
+                                if late and t.current.availability.value == "available":
+                                    session = service.device.current.backend.runner.session
+                                    recovered.append((t.current.since, session.boot_log.steps))
+                                    return
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(watch)
+                        await service.finished()
+                        tg.cancel_scope.cancel()
+        ledger.assert_empty()  # abandoned attempts and sessions released everything they took
+    service.summary.frames.check()
+    if during_reopen is not None:
+        spec = config.faults[during_reopen]
+        assert camera.reopening[spec.start], f"{spec.name} did not strike during a reopen"
+    assert recovered, "not AVAILABLE again after the faults ended"
+    available_at, boot_steps = recovered[0]
+    pause = SessionConfig().mode1_reset_pause if MODE1_RESET in boot_steps else 0.0
+    took = available_at - camera.arrived[end]
+    assert 0 <= took <= RECOVERY + pause + 1e-6, (
+        f"AVAILABLE {took:.3f} s after the fault ended (allowed {RECOVERY} s + {pause} s)"
+    )

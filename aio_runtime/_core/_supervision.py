@@ -119,11 +119,12 @@ class Supervisor(Generic[S]):
       work). A device that answers all along yet cannot be opened waits out its backoff: its
       trouble is not one a probe sees. The first probe comes one ``probe_interval`` into the
       delay, so a device that answers at once is still given that pause.
-    * Opening, an attempt that began while the device did not answer, or during which a probe
-      failed, is abandoned as soon as a probe answers again: it is cancelled (leaving its
-      ``open_session()`` context manager releases what it took) and a new attempt starts at once,
-      instead of waiting out bounds meant for a device that was not there. An abandoned attempt
-      is not a failure: it neither counts nor grows the backoff.
+    * Opening, the device is probed at once (unless it was within the last ``probe_interval``)
+      and then every ``probe_interval``. An attempt that began while the device did not answer,
+      or during which a probe failed, is abandoned as soon as a probe answers again: it is
+      cancelled (leaving its ``open_session()`` context manager releases what it took) and a
+      new attempt starts at once, instead of waiting out bounds meant for a device that was not
+      there. An abandoned attempt is not a failure: it neither counts nor grows the backoff.
     """
 
     def __init__(
@@ -167,6 +168,8 @@ class Supervisor(Generic[S]):
         self._probes_failed = 0
         self._answering: bool | None = None
         """What the last probe found (None: no probe yet)."""
+        self._probed_at = -math.inf
+        """When the last probe that found something began."""
         self._missed = False
         """A probe has failed since the current attempt began, or the last one before it did."""
         self._last_error: str | None = None
@@ -308,6 +311,7 @@ class Supervisor(Generic[S]):
     async def _probe_once(self) -> bool:
         """One probe, bounded by ``probe_timeout``: True if the device answered."""
         assert self.probe is not None
+        started = now()
         self._probes += 1
         answered = False
         try:
@@ -315,17 +319,18 @@ class Supervisor(Generic[S]):
                 answered = bool(await self.probe())
         except Exception as exc:
             _log.debug("probe failed", session=self.name, error=f"{type(exc).__name__}: {exc}")
-        self._answering = answered
+        self._answering, self._probed_at = answered, started  # a probe cut short finds nothing
         if not answered:
             self._probes_failed += 1
             self._missed = True
         return answered
 
-    async def _probe_until(self, worth_it: Callable[[bool], bool]) -> None:
-        """Probe every ``probe_interval`` (start to start) until ``worth_it(answered)``."""
-        next_at = now() + self.probe_interval
+    async def _probe_until(self, worth_it: Callable[[bool], bool], *, first_at: float) -> None:
+        """Probe at ``first_at``, then every ``probe_interval`` (start to start), until
+        ``worth_it(answered)``."""
+        next_at = first_at
         while True:
-            await anyio.sleep_until(next_at)
+            await pause(max(0.0, next_at - now()))
             next_at = now() + self.probe_interval
             if worth_it(await self._probe_once()):
                 return
@@ -337,7 +342,10 @@ class Supervisor(Generic[S]):
             await pause(delay)
             return
         with anyio.move_on_after(delay):
-            await self._probe_until(lambda answered: answered and (opened or self._missed))
+            await self._probe_until(
+                lambda answered: answered and (opened or self._missed),
+                first_at=now() + self.probe_interval,
+            )
 
     def _watch_opening(
         self, watchers: anyio.abc.TaskGroup, attempt: anyio.CancelScope
@@ -349,8 +357,13 @@ class Supervisor(Generic[S]):
             return scope
 
         async def watch() -> None:
+            # At once, unless the last probe was recent: an attempt that begins as the device
+            # goes away must learn of it (its first transfers may wait out their bounds).
+            first_at = max(now(), self._probed_at + self.probe_interval)
             with scope:
-                await self._probe_until(lambda answered: answered and self._missed)
+                await self._probe_until(
+                    lambda answered: answered and self._missed, first_at=first_at
+                )
                 attempt.cancel()
 
         watchers.start_soon(watch)

@@ -23,6 +23,7 @@ import numpy as np
 
 from aio_runtime import (
     BudgetExhausted,
+    DeviceLost,
     Readiness,
     RuntimeFault,
     SignalTimeout,
@@ -30,7 +31,7 @@ from aio_runtime import (
     now,
     wait_complete,
 )
-from transports.gpu import Buffer, GpuSession, SessionConfig
+from transports.gpu import Buffer, GpuSession, SessionConfig, bridge_answers
 from transports.usb import UsbTransport
 
 __all__ = ["LOOKS_PER_HANG", "MODEL_KERNEL", "AcceleratorRunner", "PhaseTimes", "StallEvidence"]
@@ -276,3 +277,17 @@ class AcceleratorRunner:
 
     async def aclose(self) -> None:
         await self.session.aclose()
+
+    async def answers(self, *, timeout: float) -> bool:
+        """Whether the device still answers: one bridge read within ``timeout`` (False for a
+        device that went away). A session that failed is closed with :meth:`aclose` when it
+        does, else with :meth:`abandon`."""
+        try:
+            return await bridge_answers(self.session.usb, timeout=timeout)
+        except DeviceLost:
+            return False
+
+    async def abandon(self) -> None:
+        """Close without a word to the device: one that does not answer
+        (:meth:`GpuSession.abandon <transports.gpu.GpuSession.abandon>`)."""
+        await self.session.abandon()

@@ -1,6 +1,11 @@
 """The model's backends: one protocol (:class:`ModelBackend`), two implementations — onnxruntime on
 the CPU (:class:`CpuBackend`) and an accelerator session over any USB transport
 (:class:`AcceleratorBackend`) — and :func:`open_device`, the one place that reads the device kind.
+
+The accelerator's sessions can fail; its :class:`Device` has a probe (does the bridge answer?) by
+which its supervisor reopens it as soon as it is back (:class:`AcceleratorLink`), and a session
+that failed on a device that no longer answers is abandoned rather than closed: its close would
+only wait out the bounds of transfers nobody answers.
 """
 
 from __future__ import annotations
@@ -13,16 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
+import anyio
 import numpy as np
 
 from aio_runtime import (
+    DeviceLost,
     ModelTimeout,
     Readiness,
     ReadinessLayer,
     deadline_scope,
     run_in_thread,
 )
-from transports.gpu import SessionConfig
+from transports.gpu import SessionConfig, bridge_answers
 from transports.sim import FaultPlan
 from transports.sim.usb import SimUsbTransport
 from transports.usb import UsbTransport
@@ -37,6 +44,7 @@ from ..warp import MODEL_INPUT_SIZE
 
 __all__ = [
     "AcceleratorBackend",
+    "AcceleratorLink",
     "CpuBackend",
     "Device",
     "Inference",
@@ -138,6 +146,9 @@ class Device:
     restartable: bool
     """A session that fails is torn down and opened again (the accelerator); otherwise a fault
     is each frame's own (a CPU runner has no session to lose)."""
+    probe: Callable[[], Awaitable[bool]] | None = None
+    """Whether the device answers at all (a cheap check, for the supervisor of a restartable
+    device: see :class:`aio_runtime.Supervisor`); None: it has none."""
 
 
 def simulator_plan(
@@ -176,10 +187,14 @@ async def open_device(
             async with _cpu(config, path, contract, model_cpus) as device:
                 yield device
         case DeviceKind.SIM if transport is not None:
-            yield _accelerator(config, contract, transport)
+            async with _accelerator(config, contract, transport) as device:
+                yield device
         case DeviceKind.SIM:
-            async with _simulated(config, path, contract, plan or FaultPlan()) as in_process:
-                yield _accelerator(config, contract, in_process)
+            async with (
+                _simulated(config, path, contract, plan or FaultPlan()) as in_process,
+                _accelerator(config, contract, in_process) as device,
+            ):
+                yield device
 
 
 @contextlib.asynccontextmanager
@@ -206,32 +221,113 @@ async def _cpu(
         runner.close()
 
 
-def _accelerator(config: ServiceConfig, contract: ModelContract, usb: TransportOpener) -> Device:
+class AcceleratorLink:
+    """The accelerator's USB transports, one in use at a time: a session's while it opens and
+    runs; between sessions, the probe's own, which the next session takes over. The device is
+    so never opened twice at once (a second handle could not claim its interface). Leaving
+    ``async with`` closes the probe's transport, if it has one."""
+
+    def __init__(self, opener: TransportOpener, *, probe_timeout: float) -> None:
+        self._opener = opener
+        self.probe_timeout = probe_timeout
+        """The bound of a probe's bridge read."""
+        self._spare: UsbTransport | None = None
+        self._session: UsbTransport | None = None
+        self._lock = anyio.Lock()
+
+    async def take(self) -> UsbTransport:
+        """A transport for a session, which then owns it (the probe's, if it has one open);
+        :meth:`give_back` it once the session has ended."""
+        async with self._lock:
+            usb, self._spare = self._spare, None
+            if usb is None:
+                usb = await self._opener()
+            self._session = usb
+            return usb
+
+    def give_back(self, usb: UsbTransport) -> None:
+        """The session that took ``usb`` has ended (and closed it)."""
+        if self._session is usb:
+            self._session = None
+
+    async def probe(self) -> bool:
+        """Whether the bridge answers one read within :attr:`probe_timeout`: over the session's
+        transport while a session holds one (unless its device went away), else over the
+        probe's own — opened if need be; one whose device went away is closed, and the next
+        probe opens another."""
+        if self._session is not None:
+            with contextlib.suppress(DeviceLost):  # gone: only a new transport can tell
+                return await bridge_answers(self._session, timeout=self.probe_timeout)
+        async with self._lock:
+            if self._spare is None:
+                self._spare = await self._opener()
+            usb = self._spare
+        try:
+            return await bridge_answers(usb, timeout=self.probe_timeout)
+        except DeviceLost:
+            if usb is self._spare:
+                self._spare = None
+                await _close(usb)
+            return False
+
+    async def __aenter__(self) -> AcceleratorLink:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await _close(spare)
+
+
+async def _close(usb: UsbTransport) -> None:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+        await usb.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _accelerator(
+    config: ServiceConfig, contract: ModelContract, opener: TransportOpener
+) -> AsyncIterator[Device]:
     session_config = SessionConfig(
         kernel_timeout=config.gpu_hang_after,
         fence_timeout=config.fence_timeout,
         bulk_timeout=config.bulk_timeout,
     )
+    probe_timeout = config.budget
 
     @contextlib.asynccontextmanager
     async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
-        with deadline_scope(config.device_open_timeout, name="accelerator open"):
-            runner = await AcceleratorRunner.open(
-                await usb(),
-                image_size=MODEL_INPUT_SIZE,
-                output_size=contract.output_length,
-                config=session_config,
-                readiness=readiness,
-            )
-        backend = AcceleratorBackend(
-            runner, kernel_timeout=config.gpu_hang_after, probe_timeout=config.budget
-        )
+        usb = await link.take()
         try:
-            yield backend
-        finally:
+            with deadline_scope(config.device_open_timeout, name="accelerator open"):
+                runner = await AcceleratorRunner.open(
+                    usb,
+                    image_size=MODEL_INPUT_SIZE,
+                    output_size=contract.output_length,
+                    config=session_config,
+                    readiness=readiness,
+                )
+            backend = AcceleratorBackend(
+                runner, kernel_timeout=config.gpu_hang_after, probe_timeout=probe_timeout
+            )
+            try:
+                yield backend
+            except Exception:
+                # The session failed: a device that no longer answers is not waited for.
+                if await runner.answers(timeout=probe_timeout):
+                    await backend.aclose()
+                else:
+                    await runner.abandon()
+                raise
+            except BaseException:
+                await backend.aclose()
+                raise
             await backend.aclose()
+        finally:
+            link.give_back(usb)
 
-    return Device("accelerator", contract, session, restartable=True)
+    async with AcceleratorLink(opener, probe_timeout=probe_timeout) as link:
+        yield Device("accelerator", contract, session, restartable=True, probe=link.probe)
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,9 @@
 
 :class:`ModelDevice` owns the device's sessions: it opens the device (:func:`open_device`), opens
 a session on it and — for a device whose sessions can fail, the accelerator — supervises it: a
-session that fails is torn down and opened again with backoff, for as long as the service runs.
+session that fails is torn down and opened again with backoff, for as long as the service runs;
+the device's probe, every ``backoff_initial`` seconds, ends a backoff (or abandons an opening
+attempt begun while the device was away) as soon as the device answers again.
 Frames take the session that is current (:attr:`ModelDevice.current`; None while there is none,
 and :meth:`ModelDevice.why_unavailable` says why) and report a device fault to that session
 (:meth:`DeviceSession.fail`). The first fault reported is the one the session failed with: the
@@ -119,6 +121,7 @@ class ModelDevice:
                 availability=self.availability,
                 backoff=Backoff(initial=cfg.backoff_initial, cap=cfg.backoff_max),
                 healthy_after=cfg.healthy_after,
+                probe=device.probe,  # every backoff_initial: reopened as soon as it is back
             ).run()
 
     @contextlib.asynccontextmanager
