@@ -85,6 +85,7 @@ class SupervisorStatistics:
     abandoned: int = 0
     """Opening attempts given up because the device answered its probe again (see ``probe``)."""
     probes: int = 0
+    """Probes made (one cut short, as a backoff ends, is not counted)."""
     probes_failed: int = 0
     """Probes that did not answer (failed, raised or overran ``probe_timeout``)."""
 
@@ -117,8 +118,10 @@ class Supervisor(Generic[S]):
       a probe has failed since the failed attempt began (the device went away and is back), or
       the session had opened before it failed (the device can be opened; what failed was its
       work). A device that answers all along yet cannot be opened waits out its backoff: its
-      trouble is not one a probe sees. The first probe comes one ``probe_interval`` into the
-      delay, so a device that answers at once is still given that pause.
+      trouble is not one a probe sees. After an attempt that failed opening, the device is
+      probed at once (one absent can fail an open before any probe sees it gone); the probes
+      that may end the delay come every ``probe_interval`` from one ``probe_interval`` into it,
+      so a device that answers at once is still given that pause.
     * Opening, the device is probed at once (unless it was within the last ``probe_interval``)
       and then every ``probe_interval``. An attempt that began while the device did not answer,
       or during which a probe failed, is abandoned as soon as a probe answers again: it is
@@ -312,7 +315,6 @@ class Supervisor(Generic[S]):
         """One probe, bounded by ``probe_timeout``: True if the device answered."""
         assert self.probe is not None
         started = now()
-        self._probes += 1
         answered = False
         try:
             with anyio.move_on_after(self.probe_timeout):
@@ -320,6 +322,7 @@ class Supervisor(Generic[S]):
         except Exception as exc:
             _log.debug("probe failed", session=self.name, error=f"{type(exc).__name__}: {exc}")
         self._answering, self._probed_at = answered, started  # a probe cut short finds nothing
+        self._probes += 1
         if not answered:
             self._probes_failed += 1
             self._missed = True
@@ -342,6 +345,8 @@ class Supervisor(Generic[S]):
             await pause(delay)
             return
         with anyio.move_on_after(delay):
+            if not opened:  # was the device there at all? (an absent one can fail an open fast)
+                await self._probe_once()
             await self._probe_until(
                 lambda answered: answered and (opened or self._missed),
                 first_at=now() + self.probe_interval,
