@@ -36,6 +36,8 @@ bench: setup
 	$(PY) -m benchmarks.warp
 	$(PY) -m benchmarks.model
 	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.recovery
+	$(PY) -m benchmarks.soak
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples
