@@ -279,8 +279,12 @@ class AcceleratorLink:
             await _close(spare)
 
 
+_CLOSE_TIMEOUT = 1.0
+"""How long closing a probe's transport may take (it has nothing in flight)."""
+
+
 async def _close(usb: UsbTransport) -> None:
-    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
         await usb.aclose()
 
 
