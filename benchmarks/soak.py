@@ -70,6 +70,7 @@ from pipelines.dms.service import DmsService
 from pipelines.dms.warp import MODEL_INPUT_SIZE
 from transports.gpu import SessionConfig
 from transports.sim import FaultPlan, FaultRule
+from transports.sim.gpu import SimGpu
 from transports.sim.usb import SimUsbTransport
 
 DEVICE_KINDS = tuple(DEVICE_FAULTS)
@@ -144,6 +145,8 @@ class SoakResult:
     latencies: Latencies
     virtual_s: float
     real_s: float
+    kept: dict[str, int] = field(default_factory=dict)
+    """What the service's summary holds at the end (frame ages, availability transitions)."""
 
     @property
     def unaccounted(self) -> int:
@@ -197,6 +200,7 @@ class Soak:
         self.samples: list[tuple[int, float, int, int]] = []
         self.service: DmsService | None = None
         self.plan: FaultPlan | None = None
+        self.gpu: SimGpu | None = None
         self.state = Availability.UNAVAILABLE
         self.available_since = 0.0
         self.changed = anyio.Event()
@@ -233,6 +237,7 @@ class Soak:
         async for frame in SyntheticCamera():
             number = self.arrived
             if number % step == 0:
+                self._forget_simulator_records()
                 self.samples.append((number, *process_sample()))
             if number in ends:
                 self.active.discard(ends[number].name)
@@ -244,6 +249,14 @@ class Soak:
             self.arrived += 1
             self.progress[0] = self.arrived
             yield frame
+
+    def _forget_simulator_records(self) -> None:
+        """The simulator keeps a record of what it did — every firing of a fault, every SMU
+        message — for tests' assertions. It stands for hardware, which keeps no such thing:
+        dropped as the process is sampled, so that the RSS measured is the service's."""
+        assert self.plan is not None and self.gpu is not None
+        self.plan.fired.clear()
+        self.gpu.smu.messages.clear()
 
     async def follow_messages(self) -> None:
         assert self.service is not None
@@ -421,6 +434,7 @@ async def run_soak(frames: int, seed: int, *, progress: list[int] | None = None)
                 output_size=contract.output_length,
                 plan=soak.plan,
             ) as sim:
+                soak.gpu = sim.gpu
 
                 async def transport() -> SimUsbTransport:
                     return SimUsbTransport(sim.bridge)
@@ -450,6 +464,10 @@ async def run_soak(frames: int, seed: int, *, progress: list[int] | None = None)
         latencies=soak.lat,
         virtual_s=virtual,
         real_s=time.perf_counter() - real_start,
+        kept={
+            "frame_ages": len(soak.service.summary.frame_ages),
+            "transitions": len(soak.service.summary.transitions),
+        },
     )
 
 
@@ -488,7 +506,9 @@ def report(result: SoakResult) -> dict[str, Any]:
     last = result.samples[-1]
     print(
         f"process at 10 % / end: RSS {first[1]:.1f} / {last[1]:.1f} MB, threads {first[2]} / "
-        f"{last[2]}, fds {first[3]} / {last[3]}"
+        f"{last[2]}, fds {first[3]} / {last[3]}; the service's summary keeps "
+        f"{result.kept.get('frame_ages', 0)} frame ages (bounded) and "
+        f"{result.kept.get('transitions', 0)} availability transitions"
     )
 
     def stats(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -519,6 +539,7 @@ def report(result: SoakResult) -> dict[str, Any]:
         "fault_to_unavailable_s": stats(lat.unavailable),
         "end_to_available_s": stats(lat.available),
         "recoveries_over_target": dict(lat.over_target),
+        "summary_kept": result.kept,
     }
 
 

@@ -319,13 +319,16 @@ def test_a_typed_fault_renders_as_one_line_at_warning(monkeypatch):
 
 
 class ProbedDevice:
-    """A device that is away during ``away`` = (start, end) seconds after :meth:`start`. Opening
+    """A device that is away during ``away`` = (start, end) seconds after :meth:`start` (or
+    during each of a list of them). Opening
     it while it is away waits out ``open_bound`` (the hardware bounds of an open) and fails; a
     session that opens runs ``run_for`` and fails with ``fault`` (None: it finishes). Times are
     recorded from :meth:`start`."""
 
-    def __init__(self, away, *, open_bound=10.0, run_for=0.0, fault=None, open_fails=0):
+    def __init__(self, away, *, open_bound=10.0, run_for=0.0, fault=None, open_fails=0, takes=0.0):
         self.away = away
+        self.takes = takes
+        """Seconds a probe, and an open, take before they find the device there or not."""
         self.open_bound = open_bound
         self.run_for = run_for
         self.fault = fault
@@ -345,11 +348,12 @@ class ProbedDevice:
         return now() - self.t0
 
     def present(self):
-        start, end = self.away
-        return not start <= self.now() < end
+        windows = self.away if isinstance(self.away, list) else [self.away]
+        return not any(start <= self.now() < end for start, end in windows)
 
     async def probe(self):
         self.probe_times.append(self.now())
+        await anyio.sleep(self.takes)
         if self._running:
             self.probe_while_running += 1
         return self.present()
@@ -358,6 +362,7 @@ class ProbedDevice:
     async def open(self):
         self.open_times.append(self.now())
         try:
+            await anyio.sleep(self.takes)
             if not self.present():
                 await anyio.sleep(self.open_bound)
                 raise DeviceLost("no answer within the open's bounds")
@@ -568,3 +573,26 @@ async def test_an_open_that_fails_fast_on_an_absent_device_is_retried_when_it_an
             await supervisor.run()
     assert device.open_times == pytest.approx([0.0, 0.1])
     assert device.probe_times[0] == pytest.approx(0.0)
+
+
+async def test_a_brief_absence_as_an_attempt_begins_is_seen_by_a_probe_made_at_once():
+    # (Probes and opens take 1 ms to find the device there or not.) The first attempt is
+    # abandoned by the probe at 0.4; the second begins at 0.401, as the device goes away again
+    # for under a probe period: its open would wait out its 10 s, but a probe made as it began
+    # saw the device gone, so the next probe's answer abandons it.
+    device = ProbedDevice([(0.0, 0.35), (0.4015, 0.45)], open_bound=10.0, takes=0.001)
+    supervisor = Supervisor(
+        "gpu",
+        device.open,
+        device.run,
+        backoff=Backoff(initial=0.1, cap=5),
+        probe=device.probe,
+        probe_interval=0.1,
+    )
+    async with virtual_time():
+        device.start()
+        with anyio.fail_after(5):
+            await supervisor.run()
+    assert device.open_times == pytest.approx([0.0, 0.401, 0.502], abs=1e-6)
+    assert device.opened_times == pytest.approx([0.503], abs=1e-6)
+    assert supervisor.statistics().abandoned == 2

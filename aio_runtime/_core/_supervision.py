@@ -122,12 +122,13 @@ class Supervisor(Generic[S]):
       probed at once (one absent can fail an open before any probe sees it gone); the probes
       that may end the delay come every ``probe_interval`` from one ``probe_interval`` into it,
       so a device that answers at once is still given that pause.
-    * Opening, the device is probed at once (unless it was within the last ``probe_interval``)
-      and then every ``probe_interval``. An attempt that began while the device did not answer,
-      or during which a probe failed, is abandoned as soon as a probe answers again: it is
-      cancelled (leaving its ``open_session()`` context manager releases what it took) and a
-      new attempt starts at once, instead of waiting out bounds meant for a device that was not
-      there. An abandoned attempt is not a failure: it neither counts nor grows the backoff.
+    * Opening, the device is probed at once and then every ``probe_interval``. An attempt that
+      began while the device did not answer, or during which a probe failed, is abandoned as
+      soon as a probe answers again: it is cancelled (leaving its ``open_session()`` context
+      manager releases what it took) and a new attempt starts at once, instead of waiting out
+      bounds meant for a device that was not there (a transfer lost to even a brief fault
+      waits out its whole bound). An abandoned attempt is not a failure: it neither counts nor
+      grows the backoff.
     """
 
     def __init__(
@@ -171,8 +172,6 @@ class Supervisor(Generic[S]):
         self._probes_failed = 0
         self._answering: bool | None = None
         """What the last probe found (None: no probe yet)."""
-        self._probed_at = -math.inf
-        """When the last probe that found something began."""
         self._missed = False
         """A probe has failed since the current attempt began, or the last one before it did."""
         self._last_error: str | None = None
@@ -314,14 +313,13 @@ class Supervisor(Generic[S]):
     async def _probe_once(self) -> bool:
         """One probe, bounded by ``probe_timeout``: True if the device answered."""
         assert self.probe is not None
-        started = now()
         answered = False
         try:
             with anyio.move_on_after(self.probe_timeout):
                 answered = bool(await self.probe())
         except Exception as exc:
             _log.debug("probe failed", session=self.name, error=f"{type(exc).__name__}: {exc}")
-        self._answering, self._probed_at = answered, started  # a probe cut short finds nothing
+        self._answering = answered  # (a probe cut short finds nothing)
         self._probes += 1
         if not answered:
             self._probes_failed += 1
@@ -362,13 +360,10 @@ class Supervisor(Generic[S]):
             return scope
 
         async def watch() -> None:
-            # At once, unless the last probe was recent: an attempt that begins as the device
-            # goes away must learn of it (its first transfers may wait out their bounds).
-            first_at = max(now(), self._probed_at + self.probe_interval)
+            # At once: an attempt that begins as the device goes away must learn of it (its
+            # first transfers may be lost, and wait out their bounds, however brief the fault).
             with scope:
-                await self._probe_until(
-                    lambda answered: answered and self._missed, first_at=first_at
-                )
+                await self._probe_until(lambda answered: answered and self._missed, first_at=now())
                 attempt.cancel()
 
         watchers.start_soon(watch)
