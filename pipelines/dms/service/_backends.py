@@ -3,7 +3,7 @@ the CPU (:class:`CpuBackend`) and an accelerator session over any USB transport
 (:class:`AcceleratorBackend`) — and :func:`open_device`, the one place that reads the device kind.
 
 The accelerator's sessions can fail; its :class:`Device` has a probe (does the bridge answer?) by
-which its supervisor reopens it as soon as it is back (:class:`AcceleratorLink`), and a session
+which its supervisor reopens it as soon as it is back (:mod:`._link`), and a session
 that failed on a device that no longer answers is abandoned rather than closed: its close would
 only wait out the bounds of transfers nobody answers.
 """
@@ -18,18 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-import anyio
 import numpy as np
 
 from aio_runtime import (
-    DeviceLost,
     ModelTimeout,
     Readiness,
     ReadinessLayer,
     deadline_scope,
     run_in_thread,
 )
-from transports.gpu import SessionConfig, bridge_answers
+from transports.gpu import SessionConfig
 from transports.sim import FaultPlan
 from transports.sim.usb import SimUsbTransport
 from transports.usb import UsbTransport
@@ -41,10 +39,10 @@ from ..model import ModelContract, load_contract
 from ..model_runner import OnnxRunner
 from ..reference_model import reference_model_path
 from ..warp import MODEL_INPUT_SIZE
+from ._link import AcceleratorLink, TransportOpener
 
 __all__ = [
     "AcceleratorBackend",
-    "AcceleratorLink",
     "CpuBackend",
     "Device",
     "Inference",
@@ -126,9 +124,6 @@ class AcceleratorBackend:
     async def aclose(self) -> None:
         await self.runner.aclose()
 
-
-TransportOpener = Callable[[], Awaitable[UsbTransport]]
-"""Opens a fresh USB transport to the accelerator, for one session (which then owns it)."""
 
 SessionOpener = Callable[[Readiness], AbstractAsyncContextManager[ModelBackend]]
 """Opens a session on the device, marking its readiness layers as it comes up."""
@@ -219,73 +214,6 @@ async def _cpu(
         yield Device("cpu", contract, session, restartable=False)
     finally:
         runner.close()
-
-
-class AcceleratorLink:
-    """The accelerator's USB transports, one in use at a time: a session's while it opens and
-    runs; between sessions, the probe's own, which the next session takes over. The device is
-    so never opened twice at once (a second handle could not claim its interface). Leaving
-    ``async with`` closes the probe's transport, if it has one."""
-
-    def __init__(self, opener: TransportOpener, *, probe_timeout: float) -> None:
-        self._opener = opener
-        self.probe_timeout = probe_timeout
-        """The bound of a probe's bridge read."""
-        self._spare: UsbTransport | None = None
-        self._session: UsbTransport | None = None
-        self._lock = anyio.Lock()
-
-    async def take(self) -> UsbTransport:
-        """A transport for a session, which then owns it (the probe's, if it has one open);
-        :meth:`give_back` it once the session has ended."""
-        async with self._lock:
-            usb, self._spare = self._spare, None
-            if usb is None:
-                usb = await self._opener()
-            self._session = usb
-            return usb
-
-    def give_back(self, usb: UsbTransport) -> None:
-        """The session that took ``usb`` has ended (and closed it)."""
-        if self._session is usb:
-            self._session = None
-
-    async def probe(self) -> bool:
-        """Whether the bridge answers one read within :attr:`probe_timeout`: over the session's
-        transport while a session holds one (unless its device went away), else over the
-        probe's own — opened if need be; one whose device went away is closed, and the next
-        probe opens another."""
-        if self._session is not None:
-            with contextlib.suppress(DeviceLost):  # gone: only a new transport can tell
-                return await bridge_answers(self._session, timeout=self.probe_timeout)
-        async with self._lock:
-            if self._spare is None:
-                self._spare = await self._opener()
-            usb = self._spare
-        try:
-            return await bridge_answers(usb, timeout=self.probe_timeout)
-        except DeviceLost:
-            if usb is self._spare:
-                self._spare = None
-                await _close(usb)
-            return False
-
-    async def __aenter__(self) -> AcceleratorLink:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            await _close(spare)
-
-
-_CLOSE_TIMEOUT = 1.0
-"""How long closing a probe's transport may take (it has nothing in flight)."""
-
-
-async def _close(usb: UsbTransport) -> None:
-    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
-        await usb.aclose()
 
 
 @contextlib.asynccontextmanager
