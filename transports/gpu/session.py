@@ -331,9 +331,10 @@ class GpuSession(AsyncResource):
     async def abandon(self) -> None:
         """Close without a word to the device: for one that does not answer (see
         :func:`~transports.gpu.boot.bridge_answers`), whose transfers would only wait out their
-        bounds. What the session holds is released as :meth:`aclose` releases it; SCRATCH_REG6
-        still says "in use", so the next open boots fully — and resets the queues and the
-        memory this session used before anyone uses them again."""
+        bounds. What the session holds is released as :meth:`aclose` releases it (its queues
+        may still hold work: SCRATCH_REG6 still says "in use", so the next open boots fully,
+        resetting the device where its firmware runs and setting the queues up afresh, before
+        a new session hands out any memory)."""
         if self._closed:
             return
         self._closed = True
