@@ -8,7 +8,8 @@ as JSON lines to a temporary file, logs as JSON on standard error):
   priority, unpinned; started before the run and killed after it). A fault-free run should never
   be UNAVAILABLE nor restart its accelerator. Per run: the transitions to UNAVAILABLE once the
   service was first AVAILABLE, the accelerator sessions that failed ("hung": failed because the
-  accelerator made no progress), and the share of frames published invalid, by reason kind.
+  accelerator made no progress), and the share of frames published invalid, by reason kind
+  ("frame budget (late)": published late with its output).
 * ``interleaved``: on the machine as it is (no added load), ``--rounds`` rounds of one cpu run
   and one sim run of ``--interleaved-frames`` frames; the model execution time p50 (the
   message's ``modelExecutionTime``: the warp and model stages) of each device, and sim - cpu
@@ -75,7 +76,9 @@ class Run:
 
 
 def _kind(reason: str) -> str:
-    return reason.partition(": ")[0]
+    """A reason's kind; a frame published late with its output is told from one without."""
+    kind, _, detail = reason.partition(": ")
+    return f"{kind} (late)" if detail.startswith("late: ") else kind
 
 
 def run_service(device: str, args: list[str]) -> Run:

@@ -123,6 +123,8 @@ class AcceleratorRunner:
         """The compute timeline as last seen (from the start: where the last kernel issued left
         it)."""
         self._evidence = StallEvidence()
+        self._looking = False
+        """A look (a read of the device) is in progress."""
 
     @classmethod
     async def open(
@@ -186,8 +188,9 @@ class AcceleratorRunner:
                 result = await self._run(img, cal, timeout)
             except Exception as exc:  # raised below, not as an exception group
                 failure = exc
-            ended.set()
-            looks.cancel_scope.cancel()  # a look in progress too
+            ended.set()  # the looker is done at its next step...
+            if self._looking:
+                looks.cancel_scope.cancel()  # ...or at once, from a look in progress
         if failure is not None:
             raise failure
         self._owed = False
@@ -248,11 +251,14 @@ class AcceleratorRunner:
         progress) and note what it shows."""
         steps, start = self._steps, now()
         value: int | None = None
-        with anyio.move_on_after(bound) as scope:
-            try:
+        self._looking = True
+        try:
+            with anyio.move_on_after(bound) as scope:
                 value, _ = await self.session.timeline.read_state()
-            except RuntimeFault:  # a read that fails shows no progress (the run meets the fault)
-                pass
+        except RuntimeFault:  # a read that fails shows no progress (the run meets the fault)
+            pass
+        finally:
+            self._looking = False
         end = now()
         if steps != self._steps:
             return  # a step finished meanwhile: that is the news
