@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -79,6 +80,7 @@ def capture_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     previous = structlog.get_config()
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, capture],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),  # every level
         cache_logger_on_first_use=False,
     )
     try:
