@@ -36,7 +36,9 @@ bench: setup
 	$(PY) -m benchmarks.warp
 	$(PY) -m benchmarks.model
 	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.zmq_memory
 	$(PY) -m benchmarks.recovery
+	$(PY) -m benchmarks.load
 	$(PY) -m benchmarks.soak
 
 check: setup

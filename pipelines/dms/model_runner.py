@@ -175,12 +175,18 @@ class OnnxRunner:
         intra_op_threads: int = 1,
         drain_timeout: float = 1.0,
         cpus: Collection[int] | None = None,
+        contract: ModelContract | None = None,
     ) -> OnnxRunner:
-        """Check the contract and create the session on a worker thread, bounded by ``timeout``
-        (:class:`~aio_runtime.ModelTimeout`) and any enclosing deadline scope."""
+        """Check the contract (unless ``contract``: one already checked) and create the session
+        on a worker thread, bounded by ``timeout`` (:class:`~aio_runtime.ModelTimeout`) and any
+        enclosing deadline scope."""
         return await run_in_thread(
             lambda: cls(
-                model, intra_op_threads=intra_op_threads, drain_timeout=drain_timeout, cpus=cpus
+                model,
+                intra_op_threads=intra_op_threads,
+                drain_timeout=drain_timeout,
+                cpus=cpus,
+                contract=contract,
             ),
             awaited=f"loading model {Path(model).name}",
             error=ModelTimeout,

@@ -197,7 +197,11 @@ async def _cpu(
     config: ServiceConfig, path: Path, contract: ModelContract, cpus: frozenset[int] | None
 ) -> AsyncIterator[Device]:
     runner = await OnnxRunner.open(
-        path, timeout=config.model_load_timeout, intra_op_threads=config.intra_op_threads, cpus=cpus
+        path,
+        timeout=config.model_load_timeout,
+        intra_op_threads=config.intra_op_threads,
+        cpus=cpus,
+        contract=contract,  # checked as it was loaded: not run on zeros a second time
     )
 
     @contextlib.asynccontextmanager
