@@ -155,9 +155,9 @@ class ServiceConfig:
     )
     gpu_hang_after: float = setting(
         0.1,
-        "seconds the accelerator may hold a kernel without completing it before it counts as "
-        "hung (unavailable, restarted); also the bound of its kernel waits. A frame that runs "
-        "out of budget while the accelerator still makes progress is late (degraded)",
+        "seconds the accelerator may be seen to make no progress on a run before it counts as "
+        "hung (unavailable, restarted). A run still progressing at its frame's deadline may "
+        "finish within a grace (the larger of this and the budget): published late (degraded)",
         parse=values.number,
         check=values.within(0, 60),
     )

@@ -1,12 +1,14 @@
 """The frame's path: camera → warp → model → decode → publish, one task per stage.
 
-Stages are joined by latest-frame-wins slots: at most one frame waits per stage, and a frame
-replaced by a newer one is dropped and counted. Each stage takes what it works with explicitly and
-ends every frame through :class:`~pipelines.dms.service._outcomes.FrameOutcomes`, judged by
+Stages are joined by slots holding at most one frame: live, latest-frame-wins (a frame replaced by
+a newer one is dropped and counted); replaying, hand-off slots (each stage waits for the next).
+Each stage takes what it works with explicitly and ends every frame through
+:class:`~pipelines.dms.service._outcomes.FrameOutcomes`, judged by
 :class:`~pipelines.dms.service._policy.FramePolicy`. Every wait made for a frame is bounded by its
-deadline (:meth:`FrameJob.budget_scope`). When the camera ends, the stages end in order — each
-closes the next slot once it has finished what it holds — so frames in flight are finished (each
-bounded by its deadline), not lost.
+deadline (:meth:`FrameJob.budget_scope`) — a model run by its deadline and the policy's grace,
+within which a late run still publishes its output. When the camera ends, the stages end in
+order — each closes the next slot once it has finished what it holds — so frames in flight are
+finished (each bounded), not lost.
 """
 
 from __future__ import annotations
