@@ -102,3 +102,28 @@ async def test_a_probe_under_a_usb_timeout_says_no_within_its_bound():
             assert now() - start == pytest.approx(PROBE, abs=1e-3)
             sim.plan.clear()
             assert await link.probe()
+
+
+async def test_while_a_session_opens_its_transport_the_probe_opens_no_second_one():
+    async with virtual_time(), SimDevice() as sim:
+        opener = Opener(sim)
+
+        async def slow_opener() -> SimUsbTransport:
+            await anyio.sleep(0.5)  # a real device takes a while to open and claim
+            return await opener()
+
+        async with AcceleratorLink(slow_opener, probe_timeout=PROBE) as link:
+            async with anyio.create_task_group() as tg:
+                taken = []
+
+                async def take() -> None:
+                    taken.append(await link.take())
+
+                tg.start_soon(take)
+                await anyio.sleep(0.1)
+                assert await link.probe()  # says nothing against the opening
+                assert opener.opened == []
+            assert await link.probe()  # over the session's, now it has one
+            assert len(opener.opened) == 1
+            link.give_back(taken[0])
+            await taken[0].aclose()

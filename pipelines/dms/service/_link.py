@@ -122,6 +122,8 @@ class AcceleratorLink:
         probe within :attr:`probe_timeout`, before it counts as lost."""
         self._spare: UsbTransport | None = None
         self._session: LentTransport | None = None
+        self._opening = False
+        """A session's transport is being opened."""
         self._lock = anyio.Lock()
 
     async def take(self) -> LentTransport:
@@ -130,7 +132,11 @@ class AcceleratorLink:
         async with self._lock:
             usb, self._spare = self._spare, None
             if usb is None:
-                usb = await self._opener()
+                self._opening = True
+                try:
+                    usb = await self._opener()
+                finally:
+                    self._opening = False
             self._session = LentTransport(usb)
             return self._session
 
@@ -144,17 +150,24 @@ class AcceleratorLink:
         session holds a transport, answered it too: a control transfer of the session's lost
         (see the module) makes one probe say no. Over the session's transport while it holds
         one (unless its device went away), else over the probe's own, opened if need be; one
-        whose device went away is closed, and the next probe opens another."""
+        whose device went away is closed, and the next probe opens another. While a session's
+        transport is being opened, that opening is the probe (a device that is not there fails
+        it): the probe says nothing against it, and opens no second one beside it."""
+        if self._opening:
+            return True
         lent = self._session
         if lent is not None:
-            began = now()
-            with contextlib.suppress(DeviceLost):  # gone: only a new transport can tell
-                answered = await bridge_answers(lent.usb, timeout=self.probe_timeout)
-                return answered and not lent.lost_since(began - self.lost_after)
+            answered = await self._ask(lent)
+            if answered is not None:
+                return answered
         async with self._lock:
-            if self._spare is None:
+            taken = self._session if self._session is not lent else None
+            if taken is None and self._spare is None:
                 self._spare = await self._opener()
             usb = self._spare
+        if taken is not None:  # a session took a transport meanwhile: ask over it
+            return bool(await self._ask(taken))
+        assert usb is not None
         try:
             return await bridge_answers(usb, timeout=self.probe_timeout)
         except DeviceLost:
@@ -162,6 +175,16 @@ class AcceleratorLink:
                 self._spare = None
                 await _close(usb)
             return False
+
+    async def _ask(self, lent: LentTransport) -> bool | None:
+        """The probe over a session's transport; None if its device went away (only a new
+        transport can tell whether it is back)."""
+        began = now()
+        try:
+            answered = await bridge_answers(lent.usb, timeout=self.probe_timeout)
+        except DeviceLost:
+            return None
+        return answered and not lent.lost_since(began - self.lost_after)
 
     async def __aenter__(self) -> AcceleratorLink:
         return self

@@ -87,9 +87,7 @@ async def started_group(
     return tg
 
 
-async def serve_health(
-    services: anyio.abc.TaskGroup, app: Starlette, host: str, port: int
-) -> int:
+async def serve_health(services: anyio.abc.TaskGroup, app: Starlette, host: str, port: int) -> int:
     """Serve the health endpoints in ``services``; the port bound (:class:`StartupError` for one
     in use). The host was checked against the loopback rule with the config."""
     health = functools.partial(serve, app, host=host, port=port, allow_remote=True)
