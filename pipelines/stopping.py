@@ -52,10 +52,6 @@ class Stopping:
     def requested(self) -> bool:
         return self.signals > 0
 
-    def request(self) -> None:
-        """Stop as a first signal would (a closed standard output does this)."""
-        self._handle(0, None)
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1
         if self.signals > 1:
@@ -65,18 +61,16 @@ class Stopping:
             os._exit(ExitCode.INTERRUPTED)
         if self._on_signal is not None:
             self._on_signal()
-        elif signum:
+        else:
             raise Interrupted(signum)
 
     @contextlib.contextmanager
     def calling(self, on_signal: Callable[[], None]) -> Iterator[None]:
         """While the block runs, the first signal calls ``on_signal`` (from the signal handler:
         it must only schedule the stop, e.g. ``loop.call_soon_threadsafe(scope.cancel)``). A
-        signal that came before the block is passed on at once."""
+        signal before the block has already unwound the command (:class:`Interrupted`)."""
         self._on_signal = on_signal
         try:
-            if self.signals:
-                on_signal()
             yield
         finally:
             self._on_signal = None

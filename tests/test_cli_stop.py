@@ -49,13 +49,10 @@ def test_a_signal_as_soon_as_the_entry_point_runs_stops_it_cleanly(signum):
         while not _handles(child.pid, signal.SIGTERM):  # the entry point's first line has run
             assert child.poll() is None and time.monotonic() < deadline
             time.sleep(0.001)
-        sent = time.monotonic()
         child.send_signal(signum)
-        out, err = child.communicate(timeout=30)
-        took = time.monotonic() - sent
+        out, err = child.communicate(timeout=30)  # bounded
     assert child.returncode == ExitCode.OK, err
     assert "Traceback" not in err and "stopped by a signal" in err + out, err
-    assert took < 30  # bounded (the figure, ~0.1 s, is the benchmark's to quote, not a test's)
 
 
 class _Exited(Exception):
@@ -81,14 +78,6 @@ def test_the_first_signal_stops_the_command_and_a_second_exits_130_at_once(monke
         with pytest.raises(_Exited):
             stopping._handle(signal.SIGINT, None)  # the second: at once, 130
     assert codes == [ExitCode.INTERRUPTED]
-
-
-def test_a_signal_before_the_loop_is_passed_on_as_the_loop_starts():
-    stopping = Stopping()
-    stopping.request()  # e.g. standard output closed before the run began
-    stopped: list[str] = []
-    with stopping.calling(lambda: stopped.append("stop")):
-        assert stopped == ["stop"]
 
 
 def _frames(stop_after: int):

@@ -204,8 +204,7 @@ def run(
     command = f"aio-dms {args.command}"
     configure_logging(args.log_format)
     try:
-        config = config_from(args, **fixed)
-        config.check_environment()
+        config = config_from(args, **fixed)  # the machine's side is checked as the service starts
     except ValueError as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return ExitCode.REFUSED
