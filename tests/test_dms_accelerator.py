@@ -9,11 +9,18 @@ import anyio
 import numpy as np
 import pytest
 
-from aio_runtime import BudgetExhausted, Layer, SignalTimeout, deadline_scope
+from aio_runtime import BudgetExhausted, Layer, SignalTimeout, deadline_scope, now
 from aio_runtime.testing import virtual_time
-from pipelines.dms.accelerator import MODEL_KERNEL, AcceleratorRunner, StallEvidence
+from pipelines.dms.accelerator import (
+    LOOKS_PER_HANG,
+    MODEL_KERNEL,
+    AcceleratorRunner,
+    StallEvidence,
+)
 from pipelines.dms.accelerator_sim import simulated_device
+from transports.gpu import GpuFault
 from transports.gpu.copy import CHUNK
+from transports.protocol import gpu as hw
 from transports.sim import Fault, FaultRule
 from transports.sim.gpu import SimGpu
 from transports.sim.usb import SimUsbTransport
@@ -50,7 +57,7 @@ async def test_a_run_copies_in_runs_on_the_device_and_copies_out():
     assert np.array_equal(output, infer(img, calib))
     crossed = tuple(b - a for a, b in zip(before, after, strict=True))
     assert crossed == (IMAGE + 12, math.ceil((IMAGE + 12) / CHUNK), OUTPUT * 4, 1)
-    assert min(phases.copy_in, phases.device, phases.copy_out) > 0 and phases.submit >= 0
+    assert min(phases.copy_in, phases.device) > 0 and phases.submit >= 0
 
 
 async def test_a_hung_device_is_a_gpu_queue_timeout_within_its_bound():
@@ -211,3 +218,26 @@ async def test_a_host_that_was_not_scheduled_is_no_evidence_of_a_hung_device():
             await accelerator.aclose()
     assert isinstance(outcome, np.ndarray) and outcome.shape == (1, OUTPUT)
     assert stalled < 0.1
+
+
+async def test_a_look_that_finds_the_device_in_its_error_state_ends_the_run():
+    """The model's output arriving is the kernel's completion, so nothing reads the timeline
+    while the kernel runs but the looks: one that finds the error state (a page fault) ends the
+    run with a GpuFault then, not when the frame's budget runs out."""
+    async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
+        try:
+            img = np.zeros((1, IMAGE), dtype=np.uint8)
+            calib = np.zeros((1, 3), dtype=np.float32)
+            device.plan.add(FaultRule(Fault.IH_FAULT, at=1))
+            async with virtual_time():
+                start = now()
+                with deadline_scope(1.0, name="frame"), pytest.raises(GpuFault) as info:
+                    await accelerator.run(img, calib, timeout=0.1)
+                elapsed = now() - start
+        finally:
+            await accelerator.aclose()
+    assert info.value.source == hw.Interrupt.UTCL2_FAULT
+    assert elapsed <= 0.1 / LOOKS_PER_HANG + 0.01  # the first look

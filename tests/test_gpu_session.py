@@ -219,7 +219,12 @@ async def test_overlapping_work_waits_across_queues_and_the_rest_runs_concurrent
         (None, FAILS, GpuFault, hw.Interrupt.SQ_ERROR),
     ],
 )
-async def test_compute_faults_are_typed_and_recover_clears_them(fault, kernel, error, source):
+@pytest.mark.parametrize("chained", [False, True], ids=["timeline", "copy-out behind it"])
+async def test_compute_faults_are_typed_and_recover_clears_them(
+    fault, kernel, error, source, chained
+):
+    """Awaited on the timeline or through the copy-out queued behind it, a kernel that hangs, a
+    page fault and a kernel that fails are told apart alike."""
     ledger = Ledger()
     async with virtual_time(), session() as (sim, gpu):
         buffer = await gpu.alloc(64)
@@ -227,8 +232,13 @@ async def test_compute_faults_are_typed_and_recover_clears_them(fault, kernel, e
             sim.plan.add(FaultRule(fault, at=1))
         start = now()
         with use_ledger(ledger), pytest.raises(error) as info:
-            await gpu.run_kernel(kernel, [buffer, buffer, 64])
+            if chained:
+                await gpu.run_kernel_and_copy_out(kernel, [buffer, buffer, 64], buffer)
+            else:
+                await gpu.run_kernel(kernel, [buffer, buffer, 64])
         assert info.value.layer is Layer.GPU_QUEUE
+        if error is SignalTimeout:
+            assert info.value.awaited == "compute timeline >= 1"
         assert now() - start <= FAST.kernel_timeout + SLACK
         ledger.assert_empty()
         if source is not None:
@@ -258,12 +268,73 @@ async def test_a_kernel_that_completes_as_a_recovery_begins_stands():
         assert done == [1]
 
 
-async def test_a_frame_budget_bounds_a_kernel_wait():
+@pytest.mark.parametrize("chained", [False, True], ids=["timeline", "copy-out behind it"])
+async def test_a_frame_budget_bounds_a_kernel_wait_and_the_kernel_lingers(chained):
     async with virtual_time(), session() as (_, gpu):
         buffer = await gpu.alloc(64)
+        await gpu.copy_in(buffer, bytes(64))
         with deadline_scope(0.05, name="frame 9"), pytest.raises(BudgetExhausted) as info:
-            await gpu.run_kernel(SLOW_ADD_ONE, [buffer, buffer, 64])
+            args, reads = [buffer, buffer, 64], [buffer]
+            if chained:
+                await gpu.run_kernel_and_copy_out(SLOW_ADD_ONE, args, buffer, reads=reads)
+            else:
+                await gpu.run_kernel(SLOW_ADD_ONE, args, reads=reads, writes=[buffer])
         assert info.value.layer is Layer.GPU_QUEUE
+        assert "compute timeline >= 1" in info.value.awaited
+        assert [w.lingering for w in gpu.tracker.live()] == [True]  # it may still run
+        start = now()
+        await gpu.copy_in(buffer, b"\x05" * 64)  # waits for the lingering kernel, then goes on
+        assert now() - start >= SLOW - 0.05 - SLACK and gpu.tracker.live() == []
+        assert bytes(await gpu.copy_out(buffer)) == b"\x05" * 64
+
+
+async def test_the_copy_out_behind_a_kernel_brings_its_output_without_reading_the_timeline():
+    async with session() as (_, gpu):
+        source, target = await gpu.alloc(256), await gpu.alloc(256)
+        await gpu.copy_in(source, bytes(range(256)))
+        bytes_out = gpu.copy.stats.bytes_out
+
+        async def no_reads() -> tuple[int, int]:
+            raise AssertionError("the timeline was read")
+
+        gpu.timeline.read_state = no_reads  # type: ignore[method-assign]
+        value, data = await gpu.run_kernel_and_copy_out(
+            ADD_ONE, [source, target, 256], target, reads=[source]
+        )
+        assert value == 1 and bytes(data) == bytes((np.arange(256) + 1).astype(np.uint8))
+        assert gpu.copy.stats.bytes_out == bytes_out + 256
+        assert gpu.tracker.live() == []
+        # The next kernel follows on the timeline.
+        value, data = await gpu.run_kernel_and_copy_out(
+            ADD_ONE, [target, target, 256], target, reads=[target]
+        )
+        assert value == 2 and bytes(data) == bytes((np.arange(256) + 2).astype(np.uint8))
+
+
+@pytest.mark.parametrize("limit", ["watchdog", "wrapped timeline"])
+async def test_past_the_copy_engines_limits_the_kernel_is_awaited_on_the_timeline(limit):
+    """A bound the copy engine's watchdog would not wait out, or a timeline value just after
+    the 32-bit wrap (where the engine's unsigned compare would be met at once): the timeline is
+    awaited, then the output copied out — the same result."""
+    async with session() as (_, gpu):
+        buffer = await gpu.alloc(16)
+        await gpu.copy_in(buffer, bytes(16))
+        timeout = FAST.copy_watchdog_ms / 1000 if limit == "watchdog" else None
+        if limit == "wrapped timeline":
+            gpu.timeline.next_value = (1 << 32) + 1  # the device's word reads 0 before it
+        reads = []
+        read_state = gpu.timeline.read_state
+
+        async def counted() -> tuple[int, int]:
+            reads.append(1)
+            return await read_state()
+
+        gpu.timeline.read_state = counted  # type: ignore[method-assign]
+        value, data = await gpu.run_kernel_and_copy_out(
+            ADD_ONE, [buffer, buffer, 16], buffer, timeout=timeout
+        )
+        assert bytes(data) == b"\x01" * 16 and reads
+        assert value == gpu.timeline.next_value - 1
 
 
 @pytest.mark.parametrize(

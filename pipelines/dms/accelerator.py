@@ -3,9 +3,10 @@ over any USB transport (libusb, pyusb, the simulator's).
 
 Per frame: copy the inputs in (the warped image and the calibration, laid back to back in one
 buffer, in one copy through the copy protocol), run the model as a device kernel
-(:data:`MODEL_KERNEL`), await the compute timeline, copy the output out — each phase timed on its
-own (:class:`PhaseTimes`). Buffers are allocated once per session; the output is copied out into a
-fresh array, so nothing the caller keeps is reused by the next frame. The simulated GPU that can
+(:data:`MODEL_KERNEL`) with the copy-out of its output queued behind it on the device (the output
+arriving is the kernel's completion) — each phase timed on its own (:class:`PhaseTimes`). Buffers
+are allocated once per session; the output is copied out into a fresh array, so nothing the
+caller keeps is reused by the next frame. The simulated GPU that can
 run the model is in :mod:`pipelines.dms.accelerator_sim`.
 
 While a run is in progress the runner looks at the device (:class:`StallEvidence`): how a hung
@@ -31,6 +32,7 @@ from aio_runtime import (
     now,
     wait_complete,
 )
+from transports.errors import GpuFault
 from transports.gpu import Buffer, GpuSession, SessionConfig, bridge_answers
 from transports.usb import UsbTransport
 
@@ -53,11 +55,12 @@ class PhaseTimes:
     copy_in: float
     submit: float
     device: float
-    copy_out: float
+    """From the doorbell until the output is on the host: the kernel, then the copy-out the
+    device runs behind it."""
 
     @property
     def total(self) -> float:
-        return self.copy_in + self.submit + self.device + self.copy_out
+        return self.copy_in + self.submit + self.device
 
 
 class StallEvidence:
@@ -125,6 +128,10 @@ class AcceleratorRunner:
         self._evidence = StallEvidence()
         self._looking = False
         """A look (a read of the device) is in progress."""
+        self._running = anyio.CancelScope()
+        """The run in progress: a look that finds the device in its error state cancels it."""
+        self._error = 0
+        """The error state a look found (0: none)."""
 
     @classmethod
     async def open(
@@ -182,15 +189,23 @@ class AcceleratorRunner:
             self._progressed()  # idle until now
         failure: Exception | None = None
         ended = anyio.Event()
+        self._error = 0
         async with anyio.create_task_group() as looks:
             looks.start_soon(self._look_until, ended, timeout / LOOKS_PER_HANG)
             try:
-                result = await self._run(img, cal, timeout)
+                with anyio.CancelScope() as self._running:
+                    result = await self._run(img, cal, timeout)
             except Exception as exc:  # raised below, not as an exception group
                 failure = exc
             ended.set()  # the looker is done at its next step...
             if self._looking:
                 looks.cancel_scope.cancel()  # ...or at once, from a look in progress
+        if self._running.cancelled_caught:  # a look found the device in its error state
+            failure = GpuFault(
+                f"the GPU entered its error state (interrupt 0x{self._error:x}) while running "
+                "the model",
+                source=self._error,
+            )
         if failure is not None:
             raise failure
         self._owed = False
@@ -207,25 +222,19 @@ class AcceleratorRunner:
         copied = time.perf_counter()
         submitted = [copied]
         scope = current_deadline()
-        self._timeline = await self.session.run_kernel(
+        self._timeline, raw = await self.session.run_kernel_and_copy_out(
             MODEL_KERNEL,
             [inputs, inputs.address + self.image_size, output_buffer],
+            output_buffer,
             reads=[inputs],
-            writes=[output_buffer],
             # In a scope the scope bounds it: a kernel that is only slow is not a hung one.
             timeout=timeout if scope is None else max(timeout, scope.remaining()),
             on_submitted=lambda: submitted.__setitem__(0, time.perf_counter()),
         )
         self._progressed()
         done = time.perf_counter()
-        raw = await self.session.copy_out(output_buffer)
-        self._progressed()
-        finished = time.perf_counter()
         output = np.frombuffer(bytes(raw), dtype=np.float32).reshape(1, self.output_size)
-        phases = PhaseTimes(
-            copied - start, submitted[0] - copied, done - submitted[0], finished - done
-        )
-        return output, phases
+        return output, PhaseTimes(copied - start, submitted[0] - copied, done - submitted[0])
 
     def _progressed(self) -> None:
         self._steps += 1
@@ -248,13 +257,17 @@ class AcceleratorRunner:
 
     async def _look(self, *, bound: float, late: float) -> None:
         """Read the timeline (within ``bound``: a device that does not answer has made no
-        progress) and note what it shows."""
+        progress) and note what it shows. A device in its error state ends the run: nothing it
+        waits for will come."""
         steps, start = self._steps, now()
         value: int | None = None
         self._looking = True
         try:
             with anyio.move_on_after(bound) as scope:
-                value, _ = await self.session.timeline.read_state()
+                value, error = await self.session.timeline.read_state()
+                if error:
+                    self._error = error
+                    self._running.cancel()
         except RuntimeFault:  # a read that fails shows no progress (the run meets the fault)
             pass
         finally:

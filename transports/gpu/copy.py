@@ -13,13 +13,19 @@ Copy-out: per chunk (up to 2 x CHUNK, the two halves) the host arms an SRAM read
 ``usb_go = n + 1`` into VRAM and receives the data with a bulk IN, which the bridge completes only
 once the copy engine has filled SRAM and written 0 to the cq page (the release).
 
+A copy-out may be queued behind a kernel (:class:`After`): its program first waits, on the
+device, for the kernel's release of its timeline value, so the first chunk's bulk IN completes
+only once the kernel has finished and its output is in SRAM — the bulk IN is the kernel's fence
+(spec hardware-waits U8: the host needs no poll of the timeline to learn that it finished).
+
 Two failures that look alike are told apart by layer:
 
 - a copy-in chunk whose bulk OUT never completes although the GPU advanced the fence past it →
   :class:`aio_runtime.UsbTransferTimeout` (USB transfer: the completion was lost), while a
   transfer that completed with the fence stuck → :class:`aio_runtime.SignalTimeout` (GPU queue);
 - a copy-out bulk IN that times out after the GPU finished the chunk → ``UsbTransferTimeout``
-  (the release never came), before it → ``SignalTimeout`` (the copy engine never did the chunk).
+  (the release never came), before it → ``SignalTimeout`` (the copy engine never did the chunk);
+  queued behind a kernel that has not released its value → ``SignalTimeout`` for that value.
 
 A halted copy engine (its watchdog) or a device in its error state is reported as
 :class:`GpuFault`. After any failure the next copy first restores a known state: transfers
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 import anyio
 
 from aio_runtime import (
+    BudgetExhausted,
     Layer,
     RuntimeFault,
     SignalTimeout,
@@ -62,9 +69,10 @@ from ..protocol.bridge import (
     SRAM_SIZE,
 )
 from ..usb import UsbTransfer
+from .buffers import Bytes, Gather
 from .queues import Packets, Ring
 
-__all__ = ["CHUNK", "HALF", "MAX_BATCH", "CopyProtocol", "CopyStatistics", "sentinel"]
+__all__ = ["CHUNK", "HALF", "MAX_BATCH", "After", "CopyProtocol", "CopyStatistics", "sentinel"]
 
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
@@ -81,41 +89,17 @@ def _wire_in(size: int) -> int:
     return -(-(size + SECTOR) // SLOT) * SLOT
 
 
-Bytes = bytes | bytearray | memoryview
+@dataclass(frozen=True)
+class After:
+    """What a copy-out waits for on the device before it starts: the dword at ``address`` (a
+    kernel's timeline value, in VRAM) reaching ``value`` (an unsigned 32-bit compare, as the copy
+    engine's POLL makes it). The host waits for the first chunk up to ``timeout`` (the kernel's
+    bound) instead of the bulk transfer bound; ``awaited`` names that wait in its error."""
 
-
-class _Gather:
-    """Host bytes in one or more parts, read as one run: a copy-in's payload."""
-
-    __slots__ = ("_parts", "_size")
-
-    def __init__(self, parts: list[memoryview]) -> None:
-        self._parts = [part for part in parts if len(part)]
-        self._size = sum(len(part) for part in self._parts)
-
-    def __len__(self) -> int:
-        return self._size
-
-    def part(self, begin: int, end: int) -> _Gather:
-        """Bytes ``begin`` to ``end`` (as a slice takes them)."""
-        parts, at = [], 0
-        for view in self._parts:
-            low, high = max(begin - at, 0), min(end - at, len(view))
-            if low < high:
-                parts.append(view[low:high])
-            at += len(view)
-        return _Gather(parts)
-
-    def copy_into(self, target: bytearray, at: int, begin: int, size: int) -> None:
-        """Bytes ``begin`` to ``begin + size`` into ``target`` from ``at``: one copy of each."""
-        for view in self._parts:
-            if begin < len(view):
-                take = min(size, len(view) - begin)
-                target[at : at + take] = view[begin : begin + take]
-                at, size = at + take, size - take
-                if not size:
-                    return
-            begin = max(0, begin - len(view))
+    address: int
+    value: int
+    timeout: float
+    awaited: str
 
 
 @dataclass
@@ -255,12 +239,12 @@ class CopyProtocol:
     async def copy_in(self, target: int, *parts: Bytes) -> None:
         """Copy ``parts`` (one, or several laid back to back) to VRAM at bus address
         ``target``; returns once the GPU has them."""
-        payload = _Gather([memoryview(part).cast("B") for part in parts])
+        payload = Gather([memoryview(part).cast("B") for part in parts])
         step = CHUNK * MAX_BATCH
         for offset in range(0, len(payload), step):
             await self._copy_in_batch(target + offset, payload.part(offset, offset + step))
 
-    async def _copy_in_batch(self, target: int, view: _Gather) -> None:
+    async def _copy_in_batch(self, target: int, view: Gather) -> None:
         sizes = [min(CHUNK, len(view) - o) for o in range(0, len(view), CHUNK)]
         program = Packets()
         for n, size in enumerate(sizes):
@@ -284,7 +268,7 @@ class CopyProtocol:
         self.stats.chunks_in += len(sizes)
 
     async def _send_chunks(
-        self, view: _Gather, sizes: list[int], in_flight: deque[tuple[int, UsbTransfer[None]]]
+        self, view: Gather, sizes: list[int], in_flight: deque[tuple[int, UsbTransfer[None]]]
     ) -> None:
         """Stage, arm and send each chunk, two in flight (oldest first in ``in_flight``); reap
         them all. The caller holds the bulk OUT pipe."""
@@ -327,10 +311,15 @@ class CopyProtocol:
     # -- copy-out ------------------------------------------------------------------------------
 
     async def copy_out(
-        self, source: int, size: int, out: bytearray | memoryview | None = None
+        self,
+        source: int,
+        size: int,
+        out: bytearray | memoryview | None = None,
+        *,
+        after: After | None = None,
     ) -> bytearray | memoryview:
         """Copy ``size`` bytes of VRAM at bus address ``source`` into ``out`` (or a new
-        bytearray, returned)."""
+        bytearray, returned); ``after``: once the device has seen that dword reach its value."""
         result = bytearray(size) if out is None else out
         target = memoryview(result).cast("B")
         if len(target) < size:
@@ -338,12 +327,15 @@ class CopyProtocol:
         step = 2 * CHUNK * MAX_BATCH
         for offset in range(0, size, step):
             part = min(step, size - offset)
-            await self._copy_out_batch(source + offset, target[offset : offset + part])
+            first = after if offset == 0 else None
+            await self._copy_out_batch(source + offset, target[offset : offset + part], first)
         return result
 
-    async def _copy_out_batch(self, source: int, target: memoryview) -> None:
+    async def _copy_out_batch(self, source: int, target: memoryview, after: After | None) -> None:
         sizes = [min(2 * CHUNK, len(target) - o) for o in range(0, len(target), 2 * CHUNK)]
         program = Packets()
+        if after is not None:
+            program.poll(after.address, after.value, equal=False)
         for n, size in enumerate(sizes):
             first = min(size, CHUNK)
             program.poll(self.usb_go, n + 1, equal=False)
@@ -358,7 +350,7 @@ class CopyProtocol:
             for n, size in enumerate(sizes):
                 first = min(size, CHUNK)
                 wire = -(-size // SECTOR) * SECTOR + (SECTOR if size > CHUNK else 0)
-                data = await self._receive(wire, n)
+                data = await self._receive(wire, n, after if n == 0 else None)
                 base = n * 2 * CHUNK
                 wire_image = memoryview(data)  # slices of it are views: one copy per part
                 target[base : base + first] = wire_image[:first]
@@ -368,17 +360,32 @@ class CopyProtocol:
         self.stats.bytes_out += len(target)
         self.stats.chunks_out += len(sizes)
 
-    async def _receive(self, wire: int, n: int) -> bytes:
-        """Arm the SRAM read, let the GPU go, receive the chunk."""
+    async def _receive(self, wire: int, n: int, after: After | None) -> bytes:
+        """Arm the SRAM read, let the GPU go, receive the chunk (``after``: the first of a
+        copy-out queued behind that dword)."""
+        bound = self.bulk_timeout if after is None else after.timeout
         try:
             async with self.bridge.in_pipe.hold(f"copy-out chunk {n}"):
                 self._arm_unused = True  # until the read arrives: a read left armed stays armed
                 await self.bridge.arm_sram(read=True, slot=0, length=wire)
                 await self.bridge.mem_write(self.usb_go, n + 1)
-                data = await self.usb.bulk_in(EP_BULK_IN, wire, timeout=self.bulk_timeout)
+                data = await self.usb.bulk_in(EP_BULK_IN, wire, timeout=bound)
                 self._arm_unused = False
                 return data
+        except BudgetExhausted as exc:
+            if after is None:
+                raise
+            raise BudgetExhausted(  # the wait was for the kernel, or its output behind it
+                budget=exc.budget,
+                awaited=f"{after.awaited}, then the copy-out behind it",
+                timeout=exc.timeout,
+                elapsed=exc.elapsed,
+                layer=Layer.GPU_QUEUE,
+                expected=after.value & 0xFFFF_FFFF,
+            ) from exc
         except UsbTransferTimeout as exc:
+            if after is not None:
+                await self._before_start(after, exc)
             fence = None
             with contextlib.suppress(Exception):
                 fence = await self._fence()
@@ -398,3 +405,29 @@ class CopyProtocol:
             )
             await self._diagnose(timeout)
             raise timeout from exc
+
+    async def _before_start(self, after: After, exc: UsbTransferTimeout) -> None:
+        """The first chunk of a copy-out queued behind ``after`` timed out. If the device never
+        saw that dword reach its value (or cannot say), the wait was for it: a
+        :class:`SignalTimeout` naming it, or a :class:`GpuFault` when the device is in its
+        error state (the kernel failed)."""
+        observed = error = None
+        with contextlib.suppress(Exception):  # unread: the copy-out never had its go either
+            observed = await self.bridge.mem_read(after.address)
+            error = await self.bridge.mem_read(self.status + hw.STATUS_ERROR)
+        if observed is not None and observed >= after.value & 0xFFFF_FFFF:
+            return  # it had: the copy-out itself failed (diagnosed by the caller)
+        if error:
+            raise GpuFault(
+                f"the GPU entered its error state (interrupt 0x{error:x}) before {after.awaited}",
+                source=error,
+                awaited=after.awaited,
+            ) from exc
+        raise SignalTimeout(
+            awaited=after.awaited,
+            timeout=exc.timeout,
+            elapsed=exc.elapsed,
+            layer=Layer.GPU_QUEUE,
+            expected=after.value & 0xFFFF_FFFF,
+            observed=observed,
+        ) from exc

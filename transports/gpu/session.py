@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -27,9 +26,7 @@ from aio_runtime import (
     AsyncResource,
     DeviceLost,
     Layer,
-    LedgerEntry,
     LedgerKind,
-    Owned,
     Readiness,
     ReadinessLayer,
     RuntimeFault,
@@ -45,35 +42,16 @@ from ..errors import GpuFault
 from ..protocol import gpu as hw
 from ..usb import UsbTransport
 from .boot import BootedDevice, boot, scan_interrupts
+from .buffers import Buffer, HostMapping
 from .config import SessionConfig
-from .deps import DependencyTracker, Span, Work
+from .copy import After
+from .deps import DependencyTracker, Work
 from .queues import Packets
 from .timeline import ComputeTimeline
 
 __all__ = ["Buffer", "GpuSession", "HostMapping"]
 
 _log = get_logger(__name__)
-
-
-@dataclass(eq=False)
-class Buffer:
-    """VRAM: ``size`` bytes at bus (and GPU) address ``address``."""
-
-    address: int
-    size: int
-    owner: Owned = field(repr=False)
-
-    @property
-    def span(self) -> Span:
-        return (self.address, self.address + self.size)
-
-
-@dataclass(eq=False)
-class HostMapping:
-    """A host buffer registered with the session (its bytes stay put until :meth:`unmap`)."""
-
-    memory: memoryview
-    entry: LedgerEntry = field(repr=False)
 
 
 class GpuSession(AsyncResource):
@@ -241,9 +219,71 @@ class GpuSession(AsyncResource):
         doorbell has rung. A kernel whose wait ends without its completion keeps its buffers
         reserved (it may still run) until the device is done with it or :meth:`recover` resets
         the queue."""
+        limit = self.config.kernel_timeout if timeout is None else timeout
+        async with self._kernel(kernel, args, reads, writes, limit, on_submitted) as (value, epoch):
+            await self.timeline.wait(value, limit, epoch)
+        return value
+
+    async def run_kernel_and_copy_out(
+        self,
+        kernel: int,
+        args: Sequence[Buffer | int],
+        output: Buffer,
+        *,
+        reads: Sequence[Buffer] = (),
+        timeout: float | None = None,
+        on_submitted: Callable[[], object] | None = None,
+    ) -> tuple[int, Any]:
+        """Dispatch ``kernel``, which writes ``output``, and copy ``output`` to the host once it
+        has finished: ``(timeline value, bytearray)``, within ``timeout`` (errors and lingering as
+        :meth:`run_kernel`). The copy-out is queued behind the kernel on the device (the copy
+        engine waits for its release): its first bulk IN completes once the output is in bridge
+        SRAM, so the host learns that the kernel finished without reading the timeline (awaited
+        first instead past what the copy engine can wait for)."""
+        limit = self.config.kernel_timeout if timeout is None else timeout
+        if not self._copy_engine_can_wait(limit):
+            value = await self.run_kernel(
+                kernel, args, reads=reads, writes=[output], timeout=limit, on_submitted=on_submitted
+            )
+            return value, await self.copy_out(output)
+        async with self._kernel(kernel, args, reads, [output], limit, on_submitted) as (
+            value,
+            epoch,
+        ):
+            awaited = f"compute timeline >= {value}"
+            after = After(self.status + hw.STATUS_TIMELINE, value, limit, awaited)
+            try:
+                async with self._copy_turn.hold(f"copy-out of {output.size} bytes after {awaited}"):
+                    data = await self.copy.copy_out(output.address, output.size, after=after)
+            except GpuFault as fault:
+                self.timeline.error_state(fault.source)
+                raise
+            self.timeline.completed(value, epoch)
+        return value, data
+
+    def _copy_engine_can_wait(self, limit: float) -> bool:
+        """Whether the copy engine can wait for the next kernel's release: its watchdog outlasts
+        ``limit``, and its unsigned compare is not met early (no wrap in the last 65 536)."""
+        watchdog, value = self.config.copy_watchdog_ms / 1000, self.timeline.next_value
+        return (not watchdog or limit < watchdog) and (
+            value < 1 << 32 or value & 0xFFFF_FFFF >= 1 << 16
+        )
+
+    @contextlib.asynccontextmanager
+    async def _kernel(
+        self,
+        kernel: int,
+        args: Sequence[Buffer | int],
+        reads: Sequence[Buffer],
+        writes: Sequence[Buffer],
+        limit: float,
+        on_submitted: Callable[[], object] | None,
+    ) -> AsyncIterator[tuple[int, int]]:
+        """Dispatch ``kernel`` once earlier work on its buffers allows; yields its timeline value
+        and the epoch it was submitted in, for the body to await its completion. A body that
+        fails leaves the kernel lingering: it may still run, so its bytes stay reserved."""
         self._check_open()
         words = [a.address if isinstance(a, Buffer) else a for a in args]
-        limit = self.config.kernel_timeout if timeout is None else timeout
         timeline = self.timeline
         epoch = timeline.epoch
         name = f"kernel {kernel}"
@@ -265,11 +305,10 @@ class GpuSession(AsyncResource):
             if on_submitted is not None:
                 on_submitted()
             try:
-                await timeline.wait(value, limit, epoch)
+                yield value, epoch
             except BaseException:
-                timeline.linger(value, work)  # it may still run: its bytes stay reserved
+                timeline.linger(value, work)
                 raise
-        return value
 
     async def retire_finished(self) -> int:
         """Release the kernels whose waits ended early that the device has finished since (one

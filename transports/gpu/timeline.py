@@ -104,6 +104,13 @@ class ComputeTimeline:
                 await pause(_FIRST_READ * min(self._taken))
         timeline = await self._await(value, f"timeline {value}", awaited=awaited, within=bound)
         self._taken.append(now() - bound.started)
+        self.completed(value, epoch, timeline)
+
+    def completed(self, value: int, epoch: int, timeline: int | None = None) -> None:
+        """The device was seen to complete the kernel of ``value``, submitted in ``epoch`` (with
+        the timeline at ``timeline``, default ``value``): :class:`GpuFault` if a recovery since
+        lost it after all; lingering kernels it shows finished are released."""
+        awaited = f"compute timeline >= {value}"
         for later in range(epoch + 1, self.epoch + 1):
             # A recovery that has not read the timeline yet (or never did: it failed) lost
             # nothing this kernel did: the device has just been seen to complete it.
@@ -113,7 +120,7 @@ class ComputeTimeline:
                     f"the kernel of timeline {value} was lost to a device recovery",
                     awaited=awaited,
                 )
-        self._retire(timeline)
+        self._retire(value if timeline is None else timeline)
 
     async def _await(
         self,
@@ -129,14 +136,20 @@ class ComputeTimeline:
         try:
             return await self._signal.wait(value, timeout=timeout, within=within, awaited=awaited)
         except _ErrorState as state:
-            self.readiness.mark_down(
-                ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{state.error:x}"
-            )
+            self.error_state(state.error)
             raise GpuFault(
                 f"the GPU entered its error state (interrupt 0x{state.error:x}) before {before}",
                 source=state.error,
                 awaited=awaited,
             ) from None
+
+    def error_state(self, error: int) -> None:
+        """The device reported its error state ``error`` (0: it did not): nothing can be
+        submitted until a recovery."""
+        if error:
+            self.readiness.mark_down(
+                ReadinessLayer.QUEUE_SUBMITTABLE, f"GPU error state 0x{error:x}"
+            )
 
     async def read_state(self) -> tuple[int, int]:
         """The timeline and the error word. Register-sized reads: they need no bulk pipe, which a
