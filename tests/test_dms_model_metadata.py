@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pipelines.dms.metadata_limits import check_extent
 from pipelines.dms.model_metadata import (
     DEFAULT_LIMITS,
+    MAX_METADATA_BYTES,
     MetadataError,
     MetadataLimitExceeded,
     MetadataLimits,
@@ -240,10 +241,14 @@ def check_depth(value: object) -> int:
     return depth
 
 
+@pytest.mark.timeout(10)  # the scan is linear: ~2 ms here; a scan retrying from each quote, ~13 s
 def test_json_nesting_is_counted_outside_strings_only():
     text = json.dumps({"x": [0, 12], "note": "[" * 1000})
     with pytest.raises(MetadataError, match=r"output slice 'note' is '\[\[\[\["):
         parse_output_slices(text)
+    unclosed = '{"' + '\\"' * (MAX_METADATA_BYTES // 2 - 2)  # a string that never ends
+    with pytest.raises(MetadataError, match="not valid JSON"):
+        parse_output_slices(unclosed)
 
 
 # -- huge integers -------------------------------------------------------------------------------

@@ -54,8 +54,9 @@ __all__ = [
 MAX_METADATA_BYTES = DEFAULT_LIMITS.max_bytes
 """The longest ``output_slices`` text accepted by default (a real table is a few hundred bytes)."""
 
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+"""A string (its closing quote optional, so an unclosed one is one token, not a retry from each
+quote: linear time) or a bracket, left to right."""
 
 
 def _read_json(raw: bytes, limits: MetadataLimits) -> object:
@@ -64,8 +65,11 @@ def _read_json(raw: bytes, limits: MetadataLimits) -> object:
     except UnicodeDecodeError as exc:
         raise MetadataError(f"output_slices JSON is not UTF-8 text: {exc}") from exc
     depth = 0
-    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
-        depth += 1 if bracket.group() in "[{" else -1
+    for token in _JSON_TOKEN.finditer(text):  # brackets inside strings do not count
+        bracket = token.group()
+        if bracket.startswith('"'):
+            continue
+        depth += 1 if bracket in "[{" else -1
         if depth > limits.max_depth:
             raise limit_exceeded(limits, "max_depth", where="output_slices JSON")
 
