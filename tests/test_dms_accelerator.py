@@ -9,7 +9,14 @@ import anyio
 import numpy as np
 import pytest
 
-from aio_runtime import BudgetExhausted, Layer, SignalTimeout, deadline_scope, now
+from aio_runtime import (
+    BudgetExhausted,
+    Layer,
+    ReadinessLayer,
+    SignalTimeout,
+    deadline_scope,
+    now,
+)
 from aio_runtime.testing import virtual_time
 from pipelines.dms.accelerator import (
     LOOKS_PER_HANG,
@@ -237,6 +244,8 @@ async def test_a_look_that_finds_the_device_in_its_error_state_ends_the_run():
                 with deadline_scope(1.0, name="frame"), pytest.raises(GpuFault) as info:
                     await accelerator.run(img, calib, timeout=0.1)
                 elapsed = now() - start
+            readiness = accelerator.session.readiness
+            assert not readiness.is_up(ReadinessLayer.QUEUE_SUBMITTABLE)
         finally:
             await accelerator.aclose()
     assert info.value.source == hw.Interrupt.UTCL2_FAULT

@@ -265,7 +265,8 @@ class AcceleratorRunner:
         try:
             with anyio.move_on_after(bound) as scope:
                 value, error = await self.session.timeline.read_state()
-                if error:
+                if error:  # nothing is submittable until a recovery
+                    self.session.timeline.error_state(error)
                     self._error = error
                     self._running.cancel()
         except RuntimeFault:  # a read that fails shows no progress (the run meets the fault)

@@ -95,6 +95,8 @@ class DriverStateV2:
     readiness: Mapping[str, bool]
     model_execution_time: float = 0.0
     gpu_execution_time: float = 0.0
+    """Seconds the model took on its device: the CPU runner's run, or on the accelerator from the
+    kernel's doorbell until its output was back on the host."""
     wheel_on_right_prob: float | None = None
     left_driver_data: Mapping[str, Any] | None = None
     right_driver_data: Mapping[str, Any] | None = None

@@ -25,6 +25,13 @@ class Buffer:
     def span(self) -> Span:
         return (self.address, self.address + self.size)
 
+    def check_range(self, offset: int, size: int) -> None:
+        """:class:`ValueError` unless ``size`` bytes at ``offset`` lie inside the buffer."""
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise ValueError(
+                f"{size} bytes at offset {offset} do not fit a buffer of {self.size} bytes"
+            )
+
 
 @dataclass(eq=False)
 class HostMapping:

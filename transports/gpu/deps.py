@@ -4,8 +4,9 @@ Each piece of work declares the ranges it reads and writes. Before it starts it 
 unfinished earlier piece that conflicts with it — a read after a write, a write after a read or a
 write — on overlapping bytes, on any queue: the host decides the order in which work reaches a
 queue, so a queue's FIFO order alone would not keep a later write from overtaking an earlier read.
-Work that touches different bytes runs concurrently: the copy-in of the next frame overlaps the
-current kernel, while the copy-out of a kernel's output waits for it.
+Work that touches different bytes runs concurrently: the copy-in of the next frame may overlap
+the current kernel (unless a copy-out queued behind that kernel holds the copy queue), while the
+copy-out of a kernel's output waits for it.
 
 Work that started and failed is done, but not well: work that reads what it wrote fails with
 :class:`DependencyFailed` naming it, rather than reading bytes it never wrote (a write after it

@@ -6,7 +6,8 @@ booted device. Then: memory (:meth:`alloc` / :meth:`free`, staged with rollback:
 what it took), host mappings (:meth:`map_host` / :meth:`unmap`, symmetric), copies
 (:meth:`copy_in` / :meth:`copy_out` through :class:`~transports.gpu.copy.CopyProtocol`), kernels
 (:meth:`run_kernel`, awaiting the compute timeline with a deadline:
-:class:`~transports.gpu.timeline.ComputeTimeline`), :meth:`recover` (never a sticky error),
+:class:`~transports.gpu.timeline.ComputeTimeline`; :meth:`run_kernel_and_copy_out`, through the
+copy-out of its output queued behind it), :meth:`recover` (never a sticky error),
 :meth:`aclose`, and :meth:`abandon` (a close for a device that no longer answers).
 
 Work on the copy and compute queues is ordered by a :class:`~transports.gpu.deps.DependencyTracker`
@@ -162,7 +163,7 @@ class GpuSession(AsyncResource):
         """Copy host bytes into ``buffer`` (after conflicting work on the same bytes): one part,
         or several laid back to back — one copy either way."""
         size = sum(memoryview(part).nbytes for part in parts)
-        self._check_range(buffer, offset, size)
+        buffer.check_range(offset, size)
         await self._copy_in_span(buffer.address + offset, *parts)
 
     async def _copy_in_span(self, start: int, *parts: Any) -> None:
@@ -175,7 +176,7 @@ class GpuSession(AsyncResource):
     ) -> Any:
         """Copy ``size`` bytes of ``buffer`` to the host (into ``out``, or a new bytearray)."""
         size = buffer.size - offset if size is None else size
-        self._check_range(buffer, offset, size)
+        buffer.check_range(offset, size)
         start = buffer.address + offset
         async with self._copying("out", start, size):
             return await self.copy.copy_out(start, size, out)
@@ -194,13 +195,6 @@ class GpuSession(AsyncResource):
         ):
             async with self._copy_turn.hold(f"copy-{direction} of {size} bytes"):
                 yield
-
-    @staticmethod
-    def _check_range(buffer: Buffer, offset: int, size: int) -> None:
-        if offset < 0 or size < 0 or offset + size > buffer.size:
-            raise ValueError(
-                f"{size} bytes at offset {offset} do not fit a buffer of {buffer.size} bytes"
-            )
 
     # -- compute -------------------------------------------------------------------------------
 
@@ -239,7 +233,9 @@ class GpuSession(AsyncResource):
         :meth:`run_kernel`). The copy-out is queued behind the kernel on the device (the copy
         engine waits for its release): its first bulk IN completes once the output is in bridge
         SRAM, so the host learns that the kernel finished without reading the timeline (awaited
-        first instead past what the copy engine can wait for)."""
+        first instead past what the copy engine can wait for). Meanwhile the copy queue is held
+        (other copies and :meth:`recover` wait), and an error state is seen only at the bound: a
+        caller wanting it sooner reads ``timeline.read_state()`` meanwhile."""
         limit = self.config.kernel_timeout if timeout is None else timeout
         if not self._copy_engine_can_wait(limit):
             value = await self.run_kernel(
@@ -262,8 +258,8 @@ class GpuSession(AsyncResource):
         return value, data
 
     def _copy_engine_can_wait(self, limit: float) -> bool:
-        """Whether the copy engine can wait for the next kernel's release: its watchdog outlasts
-        ``limit``, and its unsigned compare is not met early (no wrap in the last 65 536)."""
+        """Whether the copy engine can wait for the next kernel's release (its watchdog outlasts
+        ``limit``; its unsigned compare is not met early: no wrap in the last 65 536 values)."""
         watchdog, value = self.config.copy_watchdog_ms / 1000, self.timeline.next_value
         return (not watchdog or limit < watchdog) and (
             value < 1 << 32 or value & 0xFFFF_FFFF >= 1 << 16
@@ -279,9 +275,8 @@ class GpuSession(AsyncResource):
         limit: float,
         on_submitted: Callable[[], object] | None,
     ) -> AsyncIterator[tuple[int, int]]:
-        """Dispatch ``kernel`` once earlier work on its buffers allows; yields its timeline value
-        and the epoch it was submitted in, for the body to await its completion. A body that
-        fails leaves the kernel lingering: it may still run, so its bytes stay reserved."""
+        """Dispatch ``kernel`` once earlier work on its buffers allows; yield its timeline value
+        and epoch for the body to await it. A body that fails leaves it lingering."""
         self._check_open()
         words = [a.address if isinstance(a, Buffer) else a for a in args]
         timeline = self.timeline
