@@ -64,13 +64,23 @@ class Trials:
         self.arrived: list[float] = []
         self.changes: list[tuple[float, Availability]] = []
         self.changed = anyio.Event()
+        self.frame = anyio.Event()
+        """Set (and renewed) as each frame arrives."""
         self.unavailable: dict[str, list[float]] = defaultdict(list)
         self.available: dict[str, list[float]] = defaultdict(list)
 
     async def camera(self) -> AsyncIterator[Frame]:
         async for frame in SyntheticCamera():
             self.arrived.append(now())
+            self.frame.set()
+            self.frame = anyio.Event()
             yield frame
+
+    async def frames(self, count: int) -> None:
+        """Until ``count`` frames have arrived (within their period each and BOUND)."""
+        with anyio.fail_after(BOUND + count * PERIOD):
+            while len(self.arrived) < count:
+                await self.frame.wait()
 
     async def follow(self) -> None:
         assert self.service is not None
@@ -163,9 +173,7 @@ async def measure(trials: int, duration: float) -> Trials:
     bench.plan = service.device.plan  # the simulated accelerator's, in this process
     async with service, anyio.create_task_group() as tg:
         tg.start_soon(bench.follow)
-        done = script[-1][1] + script[-1][2] + SERVICE_SPACING  # the service's faults first
-        while len(bench.arrived) <= done:
-            await bench.changed.wait()  # frames arrive meanwhile; changes are at least as rare
+        await bench.frames(script[-1][1] + script[-1][2] + SERVICE_SPACING + 1)  # their faults
         for kind, first, frames in script:
             bench.record(kind, bench.arrived[first], bench.arrived[first + frames])
         for kind in DEVICE_KINDS:
