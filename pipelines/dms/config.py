@@ -133,7 +133,7 @@ class ServiceConfig:
         DeviceKind.SIM,
         "sim: the model on the simulated accelerator; cpu: onnxruntime on the CPU",
         parse=values.choice(DeviceKind),
-        check=lambda value: None if value in tuple(DeviceKind) else "must be 'sim' or 'cpu'",
+        check=values.member(DeviceKind),
         choices=tuple(kind.value for kind in DeviceKind),
     )
     budget: float = setting(
@@ -218,7 +218,7 @@ class ServiceConfig:
         Mode.LIVE,
         "live: a camera, paced; replay: a file, as fast as the stages go, nothing lost",
         parse=values.choice(Mode),
-        check=lambda value: None if value in tuple(Mode) else "must be 'live' or 'replay'",
+        check=values.member(Mode),
         commands=(),
     )
     no_budget: bool = setting(

@@ -32,6 +32,7 @@ __all__ = [
     "check_calibration",
     "check_zmq_address",
     "choice",
+    "member",
     "flag_value",
     "host_value",
     "integer",
@@ -99,10 +100,18 @@ def choice(kind: type[E]) -> Callable[[str], E]:
         try:
             return kind(text)
         except ValueError:
-            known = " or ".join(repr(member.value) for member in kind)
-            raise ValueError(f"must be {known}, got {text!r}") from None
+            raise ValueError(f"{_one_of(kind)}, got {text!r}") from None
 
     return parse
+
+
+def member(kind: type[E]) -> Callable[[Any], str | None]:
+    """The check of a value that must be one of the enum's members (or their values)."""
+    return lambda value: None if value in tuple(kind) else _one_of(kind)
+
+
+def _one_of(kind: type[enum.Enum]) -> str:
+    return "must be " + " or ".join(repr(item.value) for item in kind)
 
 
 def integer(text: str) -> int:

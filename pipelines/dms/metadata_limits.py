@@ -22,6 +22,7 @@ __all__ = [
     "UnsafeMetadata",
     "check_extent",
     "checked_int",
+    "grow_extent",
     "limit_exceeded",
     "shown",
     "shown_value",
@@ -129,6 +130,25 @@ def checked_int(value: int, limits: MetadataLimits, *, where: str, offset: int |
     return value
 
 
+def grow_extent(
+    extent: list[int],
+    size: int,
+    depth: int,
+    limits: MetadataLimits,
+    *,
+    where: str,
+    offset: int | None = None,
+) -> None:
+    """A child of ``size`` values ``depth`` levels deep joined the container whose extent is
+    ``extent`` (values, levels): grow it, refusing it past ``max_objects`` or ``max_depth``."""
+    extent[0] += size
+    extent[1] = max(extent[1], depth + 1)
+    if extent[0] > limits.max_objects:
+        raise limit_exceeded(limits, "max_objects", where=where, offset=offset)
+    if extent[1] > limits.max_depth:
+        raise limit_exceeded(limits, "max_depth", where=where, offset=offset)
+
+
 _CONTAINERS = (dict, list, tuple, slice)
 
 
@@ -149,12 +169,7 @@ def check_extent(value: object, limits: MetadataLimits, *, where: str) -> None:
     frames: list[tuple[object, list[object], list[int]]] = []
 
     def add(acc: list[int], size: int, depth: int) -> None:
-        acc[0] += size
-        acc[1] = max(acc[1], depth + 1)
-        if acc[0] > limits.max_objects:
-            raise limit_exceeded(limits, "max_objects", where=where)
-        if acc[1] > limits.max_depth:
-            raise limit_exceeded(limits, "max_depth", where=where)
+        grow_extent(acc, size, depth, limits, where=where)
 
     if not isinstance(value, _CONTAINERS):
         return

@@ -37,6 +37,7 @@ from .metadata_limits import (
     UnsafeMetadata,
     check_extent,
     checked_int,
+    grow_extent,
     limit_exceeded,
     shown,
     shown_value,
@@ -143,12 +144,7 @@ class _Reader:
         """``child`` was put into ``container``: its size and depth grow with it."""
         size, depth = self.measure(child)
         extent = self.extent[id(container)][1]
-        extent[0] += size
-        extent[1] = max(extent[1], depth + 1)
-        if extent[0] > self.limits.max_objects:
-            raise limit_exceeded(self.limits, "max_objects", where=_WHERE, offset=self.offset)
-        if extent[1] > self.limits.max_depth:
-            raise limit_exceeded(self.limits, "max_depth", where=_WHERE, offset=self.offset)
+        grow_extent(extent, size, depth, self.limits, where=_WHERE, offset=self.offset)
 
     def made(self, container: Any, children: list[Any] | tuple[Any, ...]) -> Any:
         """Account for a new container that holds ``children``; return it."""
