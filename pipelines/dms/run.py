@@ -15,11 +15,11 @@ import anyio
 
 from aio_runtime import configure_logging
 
-from ..exit_codes import ExitCode
-from ..stopping import Interrupted, Stopping
+from ..exit_codes import ExitCode, stopped_exit_code
+from ..stopping import Stopping
 from .camera import Frame
-from .channels import FrameAccounting
 from .config import Mode, ServiceConfig, Setting, settings
+from .run_summary import format_summary
 from .service import DmsService, StartupError, Summary
 
 __all__ = [
@@ -110,37 +110,6 @@ def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
     return " ".join(str(value) for value in defaults)
 
 
-def format_summary(summary: Summary, *, stopped: str | None = None) -> str:
-    frames = summary.frames
-    lines = [
-        "",
-        "summary" + (f" (stopped: {stopped})" if stopped else ""),
-        f"  frames received      {frames.received}",
-        f"  published valid      {frames.valid}",
-        f"  published invalid    {sum(frames.invalid.values())}",
-    ]
-    for reason, count in frames.invalid.most_common():
-        lines.append(f"    {count:5d}  {reason[:100]}")
-    lines.append(f"  dropped              {sum(frames.dropped.values())}")
-    for stage, count in sorted(frames.dropped.items()):
-        lines.append(f"    {count:5d}  at {stage}")
-    lines.append(
-        "  frame age ms         "
-        f"p50 {summary.latency_ms(50):.1f}  p99 {summary.latency_ms(99):.1f}  "
-        f"max {summary.latency_ms(100):.1f}"
-    )
-    for sink in summary.sinks:
-        lines.append(
-            f"  sink {sink.name:<14} published {sink.published}, delivered {sink.delivered}, "
-            f"dropped {sink.dropped}" + (f"; failed: {sink.failed}" if sink.failed else "")
-        )
-    lines.append("  availability")
-    start = summary.transitions[0][0] if summary.transitions else 0.0
-    for when, state in summary.transitions:
-        lines.append(f"    {when - start:8.3f} s  {state[:110]}")
-    return "\n".join(lines)
-
-
 @dataclasses.dataclass
 class _Ended:
     summary: Summary
@@ -200,7 +169,9 @@ def run(
 ) -> int:
     """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
     the summary at the end, on standard output (standard error when the messages go there);
-    the exit code."""
+    the exit code. A signal before the service has started raises
+    :class:`~pipelines.stopping.Interrupted` (the entry point reports it, with
+    :func:`~pipelines.dms.run_summary.summary_before_start`)."""
     command = f"aio-dms {args.command}"
     configure_logging(args.log_format)
     try:
@@ -215,10 +186,6 @@ def run(
         flag = flag_of(exc.setting) if exc.setting else None
         print(f"{command}: {exc}" + (f" [{flag}]" if flag else ""), file=sys.stderr)
         return ExitCode.REFUSED
-    except Interrupted:
-        nothing = Summary(FrameAccounting())
-        print(format_summary(nothing, stopped="signal, before the service had started"), file=out)
-        return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
     summary = ended.summary
     summary.frames.check()
     stopped = "signal" if ended.stopped else None
@@ -227,7 +194,7 @@ def run(
         out = sys.stderr
     print(format_summary(summary, stopped=stopped), file=out)
     if stopped is not None:
-        return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
+        return stopped_exit_code(args.command)
     if summary.sink_error is not None:
         print(f"{command}: a sink failed: {summary.sink_error}", file=sys.stderr)
         return ExitCode.FAILED
