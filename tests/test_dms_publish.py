@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gc
 import json
+import threading
 
 import anyio
 import numpy as np
@@ -22,6 +23,7 @@ from pipelines.dms.publish import (
     Subscriptions,
     SubscriptionStalled,
 )
+from pipelines.dms.sinks_policy import Waiters
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -281,3 +283,26 @@ async def test_sinks_together_say_which_one_failed_as_soon_as_it_does():
     assert stats[1].failed == str(failure)
     for s in stats:
         assert_exact(s)
+
+
+async def test_waiters_return_once_the_state_holds_changed_and_woken_from_another_thread():
+    lock, waiters = threading.Lock(), Waiters()
+    state = {"ready": False}
+    seen: list[bool] = []
+
+    def change() -> None:
+        with lock:  # waits for the check under way to register its waiter
+            state["ready"] = True
+        waiters.wake()
+
+    def ready() -> bool:
+        seen.append(state["ready"])
+        if len(seen) == 1:
+            threading.Thread(target=change).start()
+        return state["ready"]
+
+    with anyio.fail_after(5):
+        await waiters.until(lock, ready)
+        assert seen == [False, True]  # checked, woken, checked again
+        await waiters.until(lock, ready)  # holds already: returns at once
+    assert seen == [False, True, True]
