@@ -110,16 +110,11 @@ def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
     return " ".join(str(value) for value in defaults)
 
 
-@dataclasses.dataclass
-class _Ended:
-    summary: Summary
-    stopped: bool
-    """A signal (or a closed standard output) stopped it before it ended by itself."""
-
-
 async def _serve(
     config: ServiceConfig, stopping: Stopping, source: AsyncIterable[Frame] | None
-) -> _Ended:
+) -> Summary:
+    """The service's summary once it has ended: by itself, or stopped by a signal
+    (``stopping.requested`` then)."""
     service = DmsService(config, source=source)
     loop = asyncio.get_running_loop()  # the command line runs on asyncio
     scope = anyio.CancelScope()
@@ -134,7 +129,7 @@ async def _serve(
                     tg.start_soon(_show_progress, service, sys.stderr)
                 await service.finished()
                 tg.cancel_scope.cancel()
-    return _Ended(service.summary, scope.cancelled_caught or stopping.requested)
+    return service.summary
 
 
 async def _show_progress(service: DmsService, stream: TextIO, every: float = 0.5) -> None:
@@ -181,14 +176,13 @@ def run(
         return ExitCode.REFUSED
     out = sys.stderr if config.jsonl == "-" else sys.stdout
     try:
-        ended = anyio.run(_serve, config, stopping, source)
+        summary = anyio.run(_serve, config, stopping, source)
     except StartupError as exc:
         flag = flag_of(exc.setting) if exc.setting else None
         print(f"{command}: {exc}" + (f" [{flag}]" if flag else ""), file=sys.stderr)
         return ExitCode.REFUSED
-    summary = ended.summary
     summary.frames.check()
-    stopped = "signal" if ended.stopped else None
+    stopped = "signal" if stopping.requested else None
     if summary.reader_closed is not None:
         stopped = "standard output closed by its reader"
         out = sys.stderr
