@@ -159,6 +159,8 @@ async def test_a_subscription_made_after_close_ends_at_once_and_aclose_leaves():
         ({"stall_limit": 0}, "stall_limit must be"),
         ({"stall_limit": float("nan")}, "stall_limit must be"),
         ({"stall_limit": float("inf")}, "stall_limit must be"),
+        ({"stall_limit": True}, "stall_limit must be"),
+        ({"backlog": True}, "backlog must be"),
     ],
 )
 def test_subscriptions_refuse_bounds_that_bound_nothing(arguments, complaint):

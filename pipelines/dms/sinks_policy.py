@@ -31,6 +31,7 @@ import anyio
 from aio_runtime import get_logger, loop_caller
 
 from .config import Mode
+from .config_values import is_int
 from .messages import DriverStateV2
 
 __all__ = [
@@ -134,7 +135,7 @@ class Sink(Protocol):
 
 def check_backlog(backlog: int, *, what: str = "backlog", unit: str = "messages") -> int:
     """``backlog`` if it is a whole number, at least 1; else :class:`ValueError` saying so."""
-    if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
+    if not is_int(backlog) or backlog < 1:
         raise ValueError(f"{what} must be a whole number of {unit}, at least 1, got {backlog!r}")
     return backlog
 
