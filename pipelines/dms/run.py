@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import sys
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import Any, TextIO
 
 import anyio
@@ -19,6 +19,7 @@ from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .camera import Frame
 from .config import Mode, ServiceConfig, Setting, settings
+from .config_values import integer, number
 from .run_summary import format_summary
 from .service import DmsService, StartupError, Summary
 
@@ -32,7 +33,8 @@ __all__ = [
 ]
 
 _DEFAULTS = ServiceConfig()
-_METAVARS: dict[str, str] = {"number": "SECONDS", "integer": "N"}
+_METAVARS: dict[Callable[[str], Any] | None, str] = {number: "SECONDS", integer: "N"}
+"""The metavar of a setting parsed by one of these, where it declares none."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None:
@@ -46,12 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
         if isinstance(item.default, bool):
             parser.add_argument(flag, dest=item.name, action="store_true", help=text)
             continue
-        parse = getattr(declared.parse, "__name__", "")
         parser.add_argument(
             flag,
             dest=item.name,
             default=declared.command_line_default,
-            metavar=declared.metavar or _METAVARS.get(parse),
+            metavar=declared.metavar or _METAVARS.get(declared.parse),
             choices=declared.choices,
             nargs=len(declared.together) if declared.together else None,
             help=text,
