@@ -55,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
-        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed, "
-        "2 refused before work started, 130 a replay interrupted, or a second signal.",
+        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed "
+        "or model-info of a model that fails its check, 2 refused before work started, 130 a "
+        "replay interrupted, or a second signal.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

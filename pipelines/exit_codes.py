@@ -13,7 +13,7 @@ class ExitCode(enum.IntEnum):
     reader), whatever it had published by then."""
     FAILED = 1
     """A run that ended by itself and failed: the camera failed, a file sink failed, or not one
-    frame was valid."""
+    frame was valid; ``model-info`` of a model that fails its check."""
     REFUSED = 2
     """Usage, config or environment refused before work started (one line on standard error)."""
     DIFFERS = 3
