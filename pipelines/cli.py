@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import NoReturn
 
-from .exit_codes import ExitCode
+from .dms.run_summary import summary_before_start
+from .exit_codes import ExitCode, stopped_exit_code
 from .stopping import Interrupted, Stopping
 
 __all__ = ["main"]
@@ -54,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
-        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed, "
-        "2 refused before work started, 130 a replay interrupted, or a second signal.",
+        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed "
+        "or model-info of a model that fails its check, 2 refused before work started, 130 a "
+        "replay interrupted, or a second signal.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -113,18 +115,42 @@ def _values_may_be_negative(argv: list[str]) -> list[str]:
     return joined
 
 
+def _jsonl_on_stdout(argv: list[str]) -> bool:
+    """The command line sends the JSON lines to standard output (``--jsonl -``, ``--jsonl=-``,
+    or an abbreviation argparse takes, ``--js -``; the last one given counts). Read from the
+    words themselves: a signal may come before the parser exists."""
+    on_stdout = False
+    for at, token in enumerate(argv):
+        if token == "--":
+            break
+        name, equals, value = token.partition("=")
+        if len(name) > len("--") and "--jsonl".startswith(name):
+            given = value if equals else (argv[at + 1] if at + 1 < len(argv) else None)
+            on_stdout = given == "-"
+    return on_stdout
+
+
+def _stopped_before_work(argv: list[str]) -> int:
+    """A signal before the command had begun its work: nothing was published. A run's or a
+    replay's summary says so (on standard error when the messages were to go to standard
+    output, as at the end of a run); the exit code of a command stopped by a signal. Nothing is
+    imported here: the signal may have interrupted an import, which is then not safe to redo."""
+    command = argv[0] if argv else None
+    if command in ("run", "replay"):
+        out = sys.stderr if _jsonl_on_stdout(argv[1:]) else sys.stdout
+        print(summary_before_start(), file=out)
+    else:
+        print("aio-dms: stopped by a signal before it had started", file=sys.stderr)
+    return stopped_exit_code(command)
+
+
 def main(argv: list[str] | None = None) -> int:
     stopping = Stopping.install()
     argv = sys.argv[1:] if argv is None else argv
-    command = argv[0] if argv else None
     try:
         return _main(argv, stopping)
-    except Interrupted:  # before the command had begun its work: nothing published
-        if command in ("run", "replay"):
-            print("\nsummary (stopped: signal, before the service had started)")
-            print("  frames received      0")
-        print("aio-dms: stopped by a signal before it had started", file=sys.stderr)
-        return ExitCode.OK if command == "run" else ExitCode.INTERRUPTED
+    except Interrupted:  # wherever it came from before the command's loop ran
+        return _stopped_before_work(argv)
 
 
 def _main(argv: list[str], stopping: Stopping) -> int:

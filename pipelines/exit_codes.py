@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ExitCode"]
+__all__ = ["ExitCode", "stopped_exit_code"]
 
 
 class ExitCode(enum.IntEnum):
@@ -13,7 +13,7 @@ class ExitCode(enum.IntEnum):
     reader), whatever it had published by then."""
     FAILED = 1
     """A run that ended by itself and failed: the camera failed, a file sink failed, or not one
-    frame was valid."""
+    frame was valid; ``model-info`` of a model that fails its check."""
     REFUSED = 2
     """Usage, config or environment refused before work started (one line on standard error)."""
     DIFFERS = 3
@@ -22,3 +22,10 @@ class ExitCode(enum.IntEnum):
     """Some inputs of a batch failed."""
     INTERRUPTED = 130
     """A ``replay`` (or a batch) interrupted before it completed; and any second signal."""
+
+
+def stopped_exit_code(command: str | None) -> ExitCode:
+    """The exit code of ``command`` stopped before it ended by itself (a signal, or a run's
+    standard output closed by its reader): :attr:`ExitCode.OK` for a ``run``, whatever it had
+    published by then; :attr:`ExitCode.INTERRUPTED` for any other command (a replay, a demo)."""
+    return ExitCode.OK if command == "run" else ExitCode.INTERRUPTED

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from test_dms_service_io import cabin_recording
 
-from pipelines.cli import _parser
+from pipelines import cli
+from pipelines.cli import _jsonl_on_stdout, _parser, main
 from pipelines.dms.camera import Frame
 from pipelines.dms.camera_sources import clock_ns
 from pipelines.dms.run import run
@@ -52,7 +53,66 @@ def test_a_signal_as_soon_as_the_entry_point_runs_stops_it_cleanly(signum):
         child.send_signal(signum)
         out, err = child.communicate(timeout=30)  # bounded
     assert child.returncode == ExitCode.OK, err
-    assert "Traceback" not in err and "stopped by a signal" in err + out, err
+    assert "Traceback" not in err and "summary (stopped: signal" in out, err  # early or late
+
+
+def _interrupt(*args, **kwargs):
+    raise Interrupted(signal.SIGINT)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["parsing", "starting"])
+@pytest.mark.parametrize("jsonl", [["--jsonl", "-"], []], ids=["jsonl-stdout", "no-jsonl"])
+def test_a_signal_before_the_service_starts_prints_the_summary_clear_of_the_json_lines(
+    where, jsonl, monkeypatch, capsys
+):
+    """As the parser is built (the service's modules importing) or as the service is built: the
+    summary of a run that published nothing, on standard error when the JSON lines were to go
+    to standard output."""
+    if where == "parsing":
+        monkeypatch.setattr(cli, "_parser", _interrupt)
+    else:
+        monkeypatch.setattr("pipelines.dms.run.DmsService", _interrupt)
+    code = main(["run", *CPU, "--duration", "60", *jsonl])
+    captured = capsys.readouterr()
+    assert code == ExitCode.OK
+    summary, elsewhere = (captured.err, captured.out) if jsonl else (captured.out, captured.err)
+    assert "summary (stopped: signal, before the service had started)" in summary
+    assert "frames received      0" in summary and "published valid      0" in summary
+    assert "summary" not in elsewhere and "Traceback" not in captured.err
+    if jsonl:
+        assert captured.out == ""
+
+
+def test_a_signal_before_a_replay_starts_exits_130_and_other_commands_say_so_on_stderr(
+    monkeypatch, capsys
+):
+    monkeypatch.setattr(cli, "_parser", _interrupt)
+    assert main(["replay", "in.dmsrec", "--jsonl=-"]) == ExitCode.INTERRUPTED
+    captured = capsys.readouterr()
+    assert captured.out == "" and "summary (stopped: signal, before" in captured.err
+    assert main(["model-info"]) == ExitCode.INTERRUPTED
+    captured = capsys.readouterr()
+    assert captured.out == "" and "aio-dms: stopped by a signal before it had started" in captured.err
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["--jsonl", "-"],
+        ["--jsonl=-"],
+        ["--js", "-"],
+        ["--j=-"],
+        ["--jsonl", "out.jsonl"],
+        ["--jsonl", "-", "--jsonl", "out.jsonl"],
+        ["--jsonl", "out.jsonl", "--jsonl", "-"],
+        ["--camera", "-", "--zmq", "tcp://127.0.0.1:0"],
+        [],
+    ],
+)
+def test_the_json_lines_on_standard_output_are_read_from_the_words_as_the_parser_reads_them(words):
+    parsed = _parser().parse_args(["run", *words])
+    assert _jsonl_on_stdout(words) == (parsed.jsonl == "-")
 
 
 class _Exited(Exception):
@@ -104,13 +164,8 @@ def test_a_signal_mid_run_ends_it_with_its_summary_and_the_tables_exit_code(
     cabin_recording(path, [0], 0)
     argv = [command, *(["--camera", str(path)] if command == "run" else [str(path)]), *CPU]
     args = _parser().parse_args(argv)
-    previous = {signum: signal.getsignal(signum) for signum in Stopping.SIGNALS}
-    try:
-        fixed = {"mode": "replay", "camera": str(path)} if command == "replay" else {}
-        result = run(args, Stopping.install(), source=_source(stop_after=20), **fixed)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    fixed = {"mode": "replay", "camera": str(path)} if command == "replay" else {}
+    result = run(args, Stopping.install(), source=_source(stop_after=20), **fixed)
     captured = capsys.readouterr()
     assert result == code
     assert "summary (stopped: signal)" in captured.out

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.dms import config_values
 from pipelines.dms.config import (
     CameraFile,
     DeviceKind,
@@ -105,6 +106,18 @@ def test_every_setting_has_an_option_whose_help_shows_its_default():
             assert declared.help
         taken = sum(1 for _, d in settings() if d.flag != "" and command in d.commands)
         assert text.count("(default: ") == taken + 1
+
+
+def test_an_option_parsed_as_seconds_or_a_count_shows_so_unless_it_names_its_own_value():
+    actions = {action.dest: action for action in parser("run")._actions}
+    shown = {config_values.number: "SECONDS", config_values.integer: "N"}
+    kinds = set()
+    for item, declared in settings():
+        if declared.parse in shown and item.name in actions:
+            kinds.add(declared.parse)
+            expected = declared.metavar or shown[declared.parse]
+            assert actions[item.name].metavar == expected, item.name
+    assert kinds == set(shown)  # both kinds are there to show
 
 
 def test_options_given_on_the_command_line_reach_their_settings():

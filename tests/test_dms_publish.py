@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gc
 import json
+import threading
 
 import anyio
 import numpy as np
@@ -22,6 +23,7 @@ from pipelines.dms.publish import (
     Subscriptions,
     SubscriptionStalled,
 )
+from pipelines.dms.sinks_policy import Waiters
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -157,6 +159,8 @@ async def test_a_subscription_made_after_close_ends_at_once_and_aclose_leaves():
         ({"stall_limit": 0}, "stall_limit must be"),
         ({"stall_limit": float("nan")}, "stall_limit must be"),
         ({"stall_limit": float("inf")}, "stall_limit must be"),
+        ({"stall_limit": True}, "stall_limit must be"),
+        ({"backlog": True}, "backlog must be"),
     ],
 )
 def test_subscriptions_refuse_bounds_that_bound_nothing(arguments, complaint):
@@ -275,9 +279,32 @@ async def test_sinks_together_say_which_one_failed_as_soon_as_it_does():
     sinks.publish(message(0))
     with anyio.fail_after(10):
         failure = await sinks.wait_failure()
+        assert await sinks.wait_failure() is failure  # asked again: the same one, at once
     assert isinstance(failure, SinkFailed) and failure.sink == "jsonl /dev/full"
-    assert sinks.failure() is failure
     stats = await sinks.aclose(timeout=1)
     assert stats[1].failed == str(failure)
     for s in stats:
         assert_exact(s)
+
+
+async def test_waiters_return_once_the_state_holds_changed_and_woken_from_another_thread():
+    lock, waiters = threading.Lock(), Waiters()
+    state = {"ready": False}
+    seen: list[bool] = []
+
+    def change() -> None:
+        with lock:  # waits for the check under way to register its waiter
+            state["ready"] = True
+        waiters.wake()
+
+    def ready() -> bool:
+        seen.append(state["ready"])
+        if len(seen) == 1:
+            threading.Thread(target=change).start()
+        return state["ready"]
+
+    with anyio.fail_after(5):
+        await waiters.until(lock, ready)
+        assert seen == [False, True]  # checked, woken, checked again
+        await waiters.until(lock, ready)  # holds already: returns at once
+    assert seen == [False, True, True]

@@ -16,5 +16,6 @@ deadlines, with an honest availability state. Modules:
 - ``channels``: latest-frame-wins slots and the frame accounting rule;
 - ``endpoints``: health and metrics over HTTP;
 - ``config`` (with ``config_values``): every setting, declared once;
-- ``faults``: scripted faults; ``service``: the service; ``run``: ``aio-dms run`` and ``replay``.
+- ``faults``: scripted faults; ``service``: the service; ``run`` (with ``run_summary``):
+  ``aio-dms run`` and ``replay``.
 """

@@ -25,7 +25,7 @@ No sink's ``publish`` blocks. Every sink counts in one shape (:class:`SinkStats`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import anyio
 
@@ -76,9 +76,6 @@ class Sinks:
     def add(self, sink: Sink) -> None:
         self._sinks.append(sink)
 
-    def __iter__(self) -> Iterator[Sink]:
-        return iter(self._sinks)
-
     def publish(self, message: DriverStateV2) -> None:
         for sink in self._sinks:
             sink.publish(message)
@@ -87,14 +84,6 @@ class Sinks:
         """Return once every sink has room (at once for live sinks)."""
         for sink in self._sinks:
             await sink.room()
-
-    def failure(self) -> SinkError | None:
-        """The first failure among the sinks, in their order, if any."""
-        for sink in self._sinks:
-            failure = sink.failure()
-            if failure is not None:
-                return failure
-        return None
 
     async def wait_failure(self) -> SinkError | None:
         """The first sink failure as soon as it happens; None once every sink closed without."""

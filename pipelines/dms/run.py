@@ -8,18 +8,19 @@ import asyncio
 import dataclasses
 import sys
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import Any, TextIO
 
 import anyio
 
 from aio_runtime import configure_logging
 
-from ..exit_codes import ExitCode
-from ..stopping import Interrupted, Stopping
+from ..exit_codes import ExitCode, stopped_exit_code
+from ..stopping import Stopping
 from .camera import Frame
-from .channels import FrameAccounting
 from .config import Mode, ServiceConfig, Setting, settings
+from .config_values import integer, number
+from .run_summary import format_summary
 from .service import DmsService, StartupError, Summary
 
 __all__ = [
@@ -32,7 +33,8 @@ __all__ = [
 ]
 
 _DEFAULTS = ServiceConfig()
-_METAVARS: dict[str, str] = {"number": "SECONDS", "integer": "N"}
+_METAVARS: dict[Callable[[str], Any] | None, str] = {number: "SECONDS", integer: "N"}
+"""The metavar of a setting parsed by one of these, where it declares none."""
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None:
@@ -46,12 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
         if isinstance(item.default, bool):
             parser.add_argument(flag, dest=item.name, action="store_true", help=text)
             continue
-        parse = getattr(declared.parse, "__name__", "")
         parser.add_argument(
             flag,
             dest=item.name,
             default=declared.command_line_default,
-            metavar=declared.metavar or _METAVARS.get(parse),
+            metavar=declared.metavar or _METAVARS.get(declared.parse),
             choices=declared.choices,
             nargs=len(declared.together) if declared.together else None,
             help=text,
@@ -110,47 +111,11 @@ def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
     return " ".join(str(value) for value in defaults)
 
 
-def format_summary(summary: Summary, *, stopped: str | None = None) -> str:
-    frames = summary.frames
-    lines = [
-        "",
-        "summary" + (f" (stopped: {stopped})" if stopped else ""),
-        f"  frames received      {frames.received}",
-        f"  published valid      {frames.valid}",
-        f"  published invalid    {sum(frames.invalid.values())}",
-    ]
-    for reason, count in frames.invalid.most_common():
-        lines.append(f"    {count:5d}  {reason[:100]}")
-    lines.append(f"  dropped              {sum(frames.dropped.values())}")
-    for stage, count in sorted(frames.dropped.items()):
-        lines.append(f"    {count:5d}  at {stage}")
-    lines.append(
-        "  frame age ms         "
-        f"p50 {summary.latency_ms(50):.1f}  p99 {summary.latency_ms(99):.1f}  "
-        f"max {summary.latency_ms(100):.1f}"
-    )
-    for sink in summary.sinks:
-        lines.append(
-            f"  sink {sink.name:<14} published {sink.published}, delivered {sink.delivered}, "
-            f"dropped {sink.dropped}" + (f"; failed: {sink.failed}" if sink.failed else "")
-        )
-    lines.append("  availability")
-    start = summary.transitions[0][0] if summary.transitions else 0.0
-    for when, state in summary.transitions:
-        lines.append(f"    {when - start:8.3f} s  {state[:110]}")
-    return "\n".join(lines)
-
-
-@dataclasses.dataclass
-class _Ended:
-    summary: Summary
-    stopped: bool
-    """A signal (or a closed standard output) stopped it before it ended by itself."""
-
-
 async def _serve(
     config: ServiceConfig, stopping: Stopping, source: AsyncIterable[Frame] | None
-) -> _Ended:
+) -> Summary:
+    """The service's summary once it has ended: by itself, or stopped by a signal
+    (``stopping.requested`` then)."""
     service = DmsService(config, source=source)
     loop = asyncio.get_running_loop()  # the command line runs on asyncio
     scope = anyio.CancelScope()
@@ -165,7 +130,7 @@ async def _serve(
                     tg.start_soon(_show_progress, service, sys.stderr)
                 await service.finished()
                 tg.cancel_scope.cancel()
-    return _Ended(service.summary, scope.cancelled_caught or stopping.requested)
+    return service.summary
 
 
 async def _show_progress(service: DmsService, stream: TextIO, every: float = 0.5) -> None:
@@ -200,7 +165,9 @@ def run(
 ) -> int:
     """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
     the summary at the end, on standard output (standard error when the messages go there);
-    the exit code."""
+    the exit code. A signal before the service has started raises
+    :class:`~pipelines.stopping.Interrupted` (the entry point reports it, with
+    :func:`~pipelines.dms.run_summary.summary_before_start`)."""
     command = f"aio-dms {args.command}"
     configure_logging(args.log_format)
     try:
@@ -210,24 +177,19 @@ def run(
         return ExitCode.REFUSED
     out = sys.stderr if config.jsonl == "-" else sys.stdout
     try:
-        ended = anyio.run(_serve, config, stopping, source)
+        summary = anyio.run(_serve, config, stopping, source)
     except StartupError as exc:
         flag = flag_of(exc.setting) if exc.setting else None
         print(f"{command}: {exc}" + (f" [{flag}]" if flag else ""), file=sys.stderr)
         return ExitCode.REFUSED
-    except Interrupted:
-        nothing = Summary(FrameAccounting())
-        print(format_summary(nothing, stopped="signal, before the service had started"), file=out)
-        return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
-    summary = ended.summary
     summary.frames.check()
-    stopped = "signal" if ended.stopped else None
+    stopped = "signal" if stopping.requested else None
     if summary.reader_closed is not None:
         stopped = "standard output closed by its reader"
         out = sys.stderr
     print(format_summary(summary, stopped=stopped), file=out)
     if stopped is not None:
-        return ExitCode.INTERRUPTED if (config.mode is Mode.REPLAY) else ExitCode.OK
+        return stopped_exit_code(args.command)
     if summary.sink_error is not None:
         print(f"{command}: a sink failed: {summary.sink_error}", file=sys.stderr)
         return ExitCode.FAILED

@@ -136,23 +136,17 @@ class JsonLinesSink:
     async def room(self) -> None:
         if self._delivery is Mode.LIVE:
             return
-        while True:
-            with self._lock:
-                if self._failure or self._closing or len(self._lines) < self._backlog:
-                    return
-                event = self._room.event()
-            await event.wait()
+        await self._room.until(
+            self._lock,
+            lambda: bool(self._failure or self._closing or len(self._lines) < self._backlog),
+        )
 
     def failure(self) -> SinkError | None:
         return self._failure
 
     async def wait_failure(self) -> SinkError | None:
-        while True:
-            with self._lock:
-                if self._failure is not None or self._finished:
-                    return self._failure
-                event = self._changes.event()
-            await event.wait()
+        await self._changes.until(self._lock, lambda: self._failure is not None or self._finished)
+        return self._failure
 
     def stats(self) -> SinkStats:
         with self._lock:

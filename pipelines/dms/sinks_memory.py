@@ -21,7 +21,6 @@ closed with :meth:`Subscription.aclose` leaves: what it held counts as dropped.
 from __future__ import annotations
 
 import itertools
-import math
 import weakref
 from collections import deque
 
@@ -30,6 +29,7 @@ import anyio
 from aio_runtime import get_logger
 
 from .config import Mode
+from .config_values import positive
 from .messages import DriverStateV2
 from .sinks_policy import (
     DRAIN_TIMEOUT,
@@ -131,10 +131,9 @@ class Subscriptions:
         name: str = "subscriptions",
     ) -> None:
         self._backlog = check_backlog(backlog)
-        if not (isinstance(stall_limit, (int, float)) and 0 < stall_limit < math.inf):
-            raise ValueError(
-                f"stall_limit must be a positive number of seconds, got {stall_limit!r}"
-            )
+        problem = positive(stall_limit)
+        if problem is not None:
+            raise ValueError(f"stall_limit {problem}, got {stall_limit!r}")
         self._name = name
         self._delivery = delivery
         self._stall_limit = float(stall_limit)

@@ -31,6 +31,7 @@ import anyio
 from aio_runtime import get_logger, loop_caller
 
 from .config import Mode
+from .config_values import is_int
 from .messages import DriverStateV2
 
 __all__ = [
@@ -134,7 +135,7 @@ class Sink(Protocol):
 
 def check_backlog(backlog: int, *, what: str = "backlog", unit: str = "messages") -> int:
     """``backlog`` if it is a whole number, at least 1; else :class:`ValueError` saying so."""
-    if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
+    if not is_int(backlog) or backlog < 1:
         raise ValueError(f"{what} must be a whole number of {unit}, at least 1, got {backlog!r}")
     return backlog
 
@@ -174,19 +175,29 @@ class DropLog:
 class Waiters:
     """Tasks waiting for a sink's state to change, woken from any thread.
 
-    :meth:`event` is called in a task, under the sink's own lock together with the check it waits
-    on; :meth:`wake`, by whoever changed that state, after the change."""
+    A task awaits :meth:`until` the state it waits for holds; whoever changes that state calls
+    :meth:`wake` after the change."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: list[tuple[anyio.Event, Callable[[Callable[[], object]], None]]] = []
 
-    def event(self) -> anyio.Event:
+    def _event(self) -> anyio.Event:
         event = anyio.Event()
         call = loop_caller()
         with self._lock:
             self._waiting.append((event, call))
         return event
+
+    async def until(self, lock: threading.Lock, ready: Callable[[], bool]) -> None:
+        """Return once ``ready()`` is true: checked under ``lock`` (the sink's own, held by
+        whoever changes what it reads) now, and again after each :meth:`wake`."""
+        while True:
+            with lock:
+                if ready():
+                    return
+                event = self._event()
+            await event.wait()
 
     def wake(self) -> None:
         with self._lock:

@@ -196,12 +196,8 @@ class ZmqSink:
         return self._failure
 
     async def wait_failure(self) -> SinkError | None:
-        while True:
-            with self._lock:
-                if self._failure is not None or self._closed:
-                    return self._failure
-                event = self._changes.event()
-            await event.wait()
+        await self._changes.until(self._lock, lambda: self._failure is not None or self._closed)
+        return self._failure
 
     def stats(self) -> SinkStats:
         return SinkStats(
