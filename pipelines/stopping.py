@@ -4,7 +4,9 @@
 loop runs, by raising :class:`Interrupted` where the command is (importing, parsing, loading);
 while the loop runs, by calling what the command registered (:meth:`Stopping.calling`), which
 cancels its work so that it ends with its summary. A second signal ends the process at once,
-exit code 130, without a traceback.
+exit code 130, without a traceback — unless it is the first one again: the same signal within
+:data:`ECHO` seconds of it (GNU ``timeout``, for one, sends its signal to the command and then to
+the command's process group).
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
 from .exit_codes import ExitCode
 
-__all__ = ["Interrupted", "Stopping"]
+__all__ = ["ECHO", "Interrupted", "Stopping"]
+
+ECHO = 0.1
+"""Seconds within which the first signal, received again, is the same request (not a second)."""
 
 
 class Interrupted(BaseException):
@@ -37,7 +43,9 @@ class Stopping:
 
     def __init__(self) -> None:
         self.signals = 0
-        """Signals received so far."""
+        """Signals received so far (the first one's echo not counted)."""
+        self._first: tuple[int, float] | None = None
+        """The first signal and when it came (the monotonic clock)."""
         self._on_signal: Callable[[], None] | None = None
 
     @classmethod
@@ -53,6 +61,11 @@ class Stopping:
         return self.signals > 0
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        at = time.monotonic()
+        if self._first is None:
+            self._first = (signum, at)
+        elif self._first[0] == signum and at - self._first[1] < ECHO:
+            return  # the first one, delivered twice
         self.signals += 1
         if self.signals > 1:
             for stream in (sys.stdout, sys.stderr):

@@ -20,7 +20,7 @@ from pipelines.dms.camera import Frame
 from pipelines.dms.camera_sources import clock_ns
 from pipelines.dms.run import run
 from pipelines.exit_codes import ExitCode
-from pipelines.stopping import Interrupted, Stopping
+from pipelines.stopping import ECHO, Interrupted, Stopping
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ["--device", "cpu", "--calib", "0,0,0", "--health-port", "-1"]
@@ -126,7 +126,9 @@ def test_the_first_signal_stops_the_command_and_a_second_exits_130_at_once(monke
         codes.append(code)
         raise _Exited
 
+    clock = [100.0]
     monkeypatch.setattr(os, "_exit", exit_now)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     stopping = Stopping()
     with pytest.raises(Interrupted):  # before the loop runs: unwinds what the command is doing
         stopping._handle(signal.SIGTERM, None)
@@ -135,9 +137,24 @@ def test_the_first_signal_stops_the_command_and_a_second_exits_130_at_once(monke
     with stopping.calling(lambda: stopped.append("stop")):
         stopping._handle(signal.SIGINT, None)  # while the loop runs: the command's stop
         assert stopped == ["stop"] and not codes
+        clock[0] += ECHO / 2
+        stopping._handle(signal.SIGINT, None)  # the first one again (sent to the group too)
+        assert stopped == ["stop"] and not codes and stopping.signals == 1
+        clock[0] += ECHO
         with pytest.raises(_Exited):
             stopping._handle(signal.SIGINT, None)  # the second: at once, 130
     assert codes == [ExitCode.INTERRUPTED]
+
+
+def test_another_signal_at_once_is_a_second_one(monkeypatch):
+    """Only the first signal itself has an echo: SIGTERM right after SIGINT is a second."""
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    monkeypatch.setattr(time, "monotonic", lambda: 5.0)
+    stopping = Stopping()
+    with stopping.calling(lambda: None):
+        stopping._handle(signal.SIGINT, None)
+        with pytest.raises(_Exited):
+            stopping._handle(signal.SIGTERM, None)
 
 
 def _frames(stop_after: int):
