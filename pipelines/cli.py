@@ -36,10 +36,18 @@ def _version() -> str:
 
 def _model_info(model: str | None) -> int:
     import json
+    from pathlib import Path
 
+    from .dms.config_values import readable_file
     from .dms.model import ModelContractError, load_contract
     from .dms.reference_model import reference_model_path
 
+    if model is not None:
+        try:  # as run and replay check it: refused before any work
+            readable_file("model", Path(model), "expected an ONNX model file")
+        except ValueError as exc:
+            print(f"aio-dms model-info: {exc}", file=sys.stderr)
+            return ExitCode.REFUSED
     try:
         contract = load_contract(model if model is not None else reference_model_path())
     except (ModelContractError, OSError) as exc:

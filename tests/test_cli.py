@@ -84,9 +84,12 @@ def test_model_info_reads_a_model_by_path_and_explains_a_mismatch(tmp_path):
     assert result.stdout == ""
     assert "model input 'calib' (1, 4) float32; expected 'calib' (1, 3) float32" in result.stderr
 
+    # A model that is not there is refused before any work, as run and replay refuse it.
     result = run("-m", "pipelines.cli", "model-info", "--model", str(tmp_path / "missing.onnx"))
-    assert result.returncode == 1
-    assert "No such file" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("no such file (expected an ONNX model file)")
+    result = run("-m", "pipelines.cli", "model-info", "--model", str(tmp_path))
+    assert result.returncode == 2 and "a directory (expected an ONNX model file)" in result.stderr
 
 
 def readme_example(index: int = 0) -> str:

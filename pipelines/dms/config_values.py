@@ -270,7 +270,9 @@ def model_cpus_value(value: Any) -> str | None:
 
 def readable_file(what: str, path: Path, expected: str) -> None:
     if not path.is_file():
-        raise ValueError(f"{what} {str(path)!r}: no such file ({expected})")
+        found = "no such file" if not path.exists() else "not a regular file"
+        found = "a directory" if path.is_dir() else found
+        raise ValueError(f"{what} {str(path)!r}: {found} ({expected})")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{what} {str(path)!r}: cannot be read (permission denied)")
 
