@@ -39,7 +39,7 @@ from ..model import ModelContract, load_contract
 from ..model_runner import OnnxRunner
 from ..reference_model import reference_model_path
 from ..warp import MODEL_INPUT_SIZE
-from ._link import AcceleratorLink, TransportOpener
+from ._link import AcceleratorLink, LentTransport, TransportOpener
 
 __all__ = [
     "AcceleratorBackend",
@@ -233,9 +233,10 @@ async def _accelerator(
 
     @contextlib.asynccontextmanager
     async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
-        usb = await link.take()
+        usb: LentTransport | None = None
         try:
             with deadline_scope(config.device_open_timeout, name="accelerator open"):
+                usb = await link.take()
                 runner = await AcceleratorRunner.open(
                     usb,
                     image_size=MODEL_INPUT_SIZE,
@@ -260,7 +261,8 @@ async def _accelerator(
                 raise
             await backend.aclose()
         finally:
-            link.give_back(usb)
+            if usb is not None:
+                link.give_back(usb)
 
     async with AcceleratorLink(opener, probe_timeout=probe_timeout) as link:
         yield Device("accelerator", contract, session, restartable=True, probe=link.probe)
