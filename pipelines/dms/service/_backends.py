@@ -141,9 +141,10 @@ class Device:
     restartable: bool
     """A session that fails is torn down and opened again (the accelerator); otherwise a fault
     is each frame's own (a CPU runner has no session to lose)."""
-    probe: Callable[[], Awaitable[bool]] | None = None
-    """Whether the device answers at all (a cheap check, for the supervisor of a restartable
-    device: see :class:`aio_runtime.Supervisor`); None: it has none."""
+    probe: Callable[[], Awaitable[bool | None]] | None = None
+    """Whether the device answers at all, or None for no news (a cheap check, for the
+    supervisor of a restartable device: see :class:`aio_runtime.Supervisor`); None: it has
+    none."""
 
 
 def simulator_plan(
