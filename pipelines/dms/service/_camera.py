@@ -86,8 +86,8 @@ class Camera:
         source = self.source
         if isinstance(source, (Synthetic, CameraFile)):
             source = self.source = open_camera(source, paced=not self.replay)
-        with anyio.move_on_after(math.inf if self.duration is None else self.duration):
-            async with closing(source):
+        async with closing(source):
+            with anyio.move_on_after(math.inf if self.duration is None else self.duration):
                 await self._take(source, outbox)
 
     async def _take(self, source: AsyncIterable[Frame], outbox: JobSlot) -> None:
