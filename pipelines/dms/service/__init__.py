@@ -110,14 +110,16 @@ class DmsService:
         load the model — then take frames. :class:`StartupError` for the first that fails."""
         cfg = self.config
         try:
-            cfg.check_environment()
-            self.outcomes.open_sinks(zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote)
-        except (ValueError, OSError) as exc:
-            raise StartupError(describe(exc)) from exc
-        try:
+            try:
+                cfg.check_environment()
+                self.outcomes.open_sinks(
+                    zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote
+                )
+            except (ValueError, OSError) as exc:
+                raise StartupError(describe(exc)) from exc
             self._tg = await started_group(self._run)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
+        except BaseException:  # the sinks opened so far (say, one before one that failed)
+            with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
             raise
         return self
