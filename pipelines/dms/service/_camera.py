@@ -42,7 +42,9 @@ class Limits(Protocol):
 class Camera:
     """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
     and counted, until the source ends or the ``limits`` are reached (frames, duration); each
-    frame's deadline is its start of frame plus the ``limits``' budget. A camera that cannot be
+    frame's deadline is its start of frame plus the ``limits``' budget (:data:`UNBUDGETED` with
+    ``no_budget``) — replaying, the budget starts as the frame is handed on
+    (:meth:`handed_on`). A camera that cannot be
     opened, or fails, ends the stream, reported. The duration bounds the stream whatever the
     source does (a recording with a long gap, a file that stops delivering)."""
 
