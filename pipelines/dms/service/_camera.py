@@ -5,7 +5,6 @@ a camera that stops delivering an UNAVAILABLE service that says so on every sink
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterable, Awaitable
 from typing import Protocol
 
@@ -89,7 +88,7 @@ class Camera:
         if isinstance(source, (Synthetic, CameraFile)):
             source = self.source = open_camera(source, paced=not self.replay)
         async with closing(source):
-            with anyio.move_on_after(math.inf if self.duration is None else self.duration):
+            with anyio.move_on_after(self.duration):  # None: no limit
                 await self._take(source, outbox)
 
     async def _take(self, source: AsyncIterable[Frame], outbox: JobSlot) -> None:
