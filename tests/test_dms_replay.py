@@ -6,6 +6,7 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
+from test_dms_service import run
 from test_dms_service_io import CPU, cabin_recording
 
 from aio_runtime import Ledger, now, use_ledger
@@ -27,21 +28,6 @@ def anyio_backend() -> str:
     return "asyncio"  # hold= is for asyncio's loop
 
 
-async def _run(service: DmsService, backlog: int = 1000) -> list:
-    messages = []
-    async with service:
-
-        async def collect():
-            async for message in service.messages(backlog=backlog):
-                messages.append(message)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(collect)
-            await service.finished()
-            tg.cancel_scope.cancel()
-    return messages
-
-
 async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
     path = tmp_path / "cabin.dmsrec"
     ids = list(range(40))
@@ -53,7 +39,7 @@ async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
         async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)) as clock:
             start = clock.now()
             with anyio.fail_after(30):
-                messages = await _run(DmsService(config))
+                _, messages = await run(config)
             elapsed = clock.now() - start
     assert [m.frame_id for m in messages] == ids  # every frame, in order: none dropped
     assert [m.seq for m in messages] == list(range(len(ids)))
@@ -65,11 +51,9 @@ async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
 async def test_a_replay_hands_each_frame_on_and_counts_it(tmp_path):
     path = tmp_path / "cabin.dmsrec"
     cabin_recording(path, list(range(12)), 10**12)
-    service = DmsService(
-        ServiceConfig(camera=str(path), mode="replay", health_port=None, **CPU)
-    )
+    config = ServiceConfig(camera=str(path), mode="replay", health_port=None, **CPU)
     with anyio.fail_after(60):
-        messages = await _run(service)
+        service, messages = await run(config)
     frames = service.summary.frames
     frames.check()
     assert frames.received == 12 and not frames.dropped
@@ -88,8 +72,7 @@ async def test_the_duration_bounds_a_live_run_whatever_the_camera_does():
         async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
             with anyio.fail_after(60):  # virtual seconds: an unbounded run would take an hour
                 started = now()
-                service = DmsService(config, source=one_frame_then_an_hour_of_nothing())
-                await _run(service)
+                service, _ = await run(config, one_frame_then_an_hour_of_nothing())
                 ended = now()
     assert 3.0 <= ended - started < 4.0
     assert service.summary.frames.received == 1
