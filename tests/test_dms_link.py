@@ -4,13 +4,22 @@ over the in-process simulator."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import anyio
 import pytest
 
-from aio_runtime import Ledger, now, use_ledger
-from aio_runtime.testing import virtual_time
+from aio_runtime import (
+    AvailabilityMachine,
+    Backoff,
+    DeviceLost,
+    Ledger,
+    Supervisor,
+    now,
+    use_ledger,
+)
+from aio_runtime.testing import TransitionRecorder, virtual_time
 from pipelines.dms.service._link import AcceleratorLink
 from transports.protocol.bridge import LTSSM_XDATA, VendorRequest
 from transports.sim import Fault, FaultPlan, FaultRule
@@ -121,9 +130,61 @@ async def test_while_a_session_opens_its_transport_the_probe_opens_no_second_one
 
                 tg.start_soon(take)
                 await anyio.sleep(0.1)
-                assert await link.probe()  # says nothing against the opening
+                assert await link.probe() is None  # no news: the opening is the probe
                 assert opener.opened == []
             assert await link.probe()  # over the session's, now it has one
             assert len(opener.opened) == 1
             link.give_back(taken[0])
             await taken[0].aclose()
+
+
+async def test_a_transport_that_cannot_be_opened_yet_is_no_answer_of_a_device_that_is_back():
+    """The device is away for its first second; opening a transport to it takes 50 ms, then
+    finds none. The supervisor's probes while an attempt opens its transport hear nothing from
+    the device: no attempt is abandoned as though it answered, each attempt opens one
+    transport, and the session opens on the first probe that finds the device back."""
+    machine = AvailabilityMachine()
+    async with virtual_time(), SimDevice() as sim:
+        opener = Opener(sim)
+        openings: list[float] = []
+        t0 = now()
+
+        async def enumerating() -> SimUsbTransport:
+            openings.append(now() - t0)
+            await anyio.sleep(0.05)
+            if now() - t0 < 1.0:
+                raise DeviceLost("bridge not enumerated")
+            return await opener()
+
+        async with AcceleratorLink(enumerating, probe_timeout=PROBE) as link:
+            opened: list[float] = []
+
+            @contextlib.asynccontextmanager
+            async def session():
+                lent = await link.take()
+                try:
+                    opened.append(now() - t0)
+                    yield lent
+                finally:
+                    link.give_back(lent)
+                    await lent.aclose()
+
+            async def run(lent) -> None:  # the session's work is done once it is open
+                pass
+
+            supervisor = Supervisor(
+                "accelerator",
+                session,
+                run,
+                availability=machine,
+                backoff=Backoff(initial=0.1, cap=0.2),
+                probe=link.probe,
+            )
+            with TransitionRecorder(machine) as recorder, anyio.fail_after(5):
+                await supervisor.run()
+    stats = supervisor.statistics()
+    assert stats.abandoned == 0
+    assert not any("abandoned" in state.reason for state in recorder.states() if state.reason)
+    assert stats.attempts == stats.failures + 1  # each attempt failed opening, but the last
+    assert len(openings) == stats.failures + stats.probes_failed + 1  # the last probe's opened
+    assert 1.0 <= opened[0] < 1.0 + 0.1 + 0.05

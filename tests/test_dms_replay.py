@@ -6,11 +6,13 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
+from test_dms_service import run
 from test_dms_service_io import CPU, cabin_recording
 
 from aio_runtime import Ledger, now, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.dms.camera import Frame
+from pipelines.dms.camera_replay import RecordingReader
 from pipelines.dms.camera_sources import clock_ns
 from pipelines.dms.config import Mode, ServiceConfig
 from pipelines.dms.service import DmsService
@@ -26,21 +28,6 @@ def anyio_backend() -> str:
     return "asyncio"  # hold= is for asyncio's loop
 
 
-async def _run(service: DmsService, backlog: int = 1000) -> list:
-    messages = []
-    async with service:
-
-        async def collect():
-            async for message in service.messages(backlog=backlog):
-                messages.append(message)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(collect)
-            await service.finished()
-            tg.cancel_scope.cancel()
-    return messages
-
-
 async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
     path = tmp_path / "cabin.dmsrec"
     ids = list(range(40))
@@ -52,7 +39,7 @@ async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
         async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)) as clock:
             start = clock.now()
             with anyio.fail_after(30):
-                messages = await _run(DmsService(config))
+                _, messages = await run(config)
             elapsed = clock.now() - start
     assert [m.frame_id for m in messages] == ids  # every frame, in order: none dropped
     assert [m.seq for m in messages] == list(range(len(ids)))
@@ -64,11 +51,9 @@ async def test_a_replay_goes_as_fast_as_the_stages_and_drops_no_frame(tmp_path):
 async def test_a_replay_hands_each_frame_on_and_counts_it(tmp_path):
     path = tmp_path / "cabin.dmsrec"
     cabin_recording(path, list(range(12)), 10**12)
-    service = DmsService(
-        ServiceConfig(camera=str(path), mode="replay", health_port=None, **CPU)
-    )
+    config = ServiceConfig(camera=str(path), mode="replay", health_port=None, **CPU)
     with anyio.fail_after(60):
-        messages = await _run(service)
+        service, messages = await run(config)
     frames = service.summary.frames
     frames.check()
     assert frames.received == 12 and not frames.dropped
@@ -87,11 +72,49 @@ async def test_the_duration_bounds_a_live_run_whatever_the_camera_does():
         async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
             with anyio.fail_after(60):  # virtual seconds: an unbounded run would take an hour
                 started = now()
-                service = DmsService(config, source=one_frame_then_an_hour_of_nothing())
-                await _run(service)
+                service, _ = await run(config, one_frame_then_an_hour_of_nothing())
                 ended = now()
     assert 3.0 <= ended - started < 4.0
     assert service.summary.frames.received == 1
+
+
+@pytest.mark.parametrize("ended_by", ["duration", "stop"])
+async def test_a_recording_played_live_is_closed_when_the_run_ends_before_it(
+    tmp_path, monkeypatch, ended_by
+):
+    """A 3 s recording, as a live camera, in a run that ends at 1 s: by its duration, or
+    stopped (as by a signal). The recording's file is closed either way."""
+    path = tmp_path / "cabin.dmsrec"
+    cabin_recording(path, list(range(60)), 10**12)
+    opened: list[RecordingReader] = []
+    closed: list[RecordingReader] = []
+    open_reader, close_reader = RecordingReader.__init__, RecordingReader.close
+
+    def recorded_open(self, *args, **kwargs):
+        open_reader(self, *args, **kwargs)
+        opened.append(self)
+
+    def recorded_close(self):
+        close_reader(self)
+        closed.append(self)
+
+    monkeypatch.setattr(RecordingReader, "__init__", recorded_open)
+    monkeypatch.setattr(RecordingReader, "close", recorded_close)
+    duration = 1.0 if ended_by == "duration" else None
+    config = ServiceConfig(camera=str(path), duration=duration, health_port=None, **CPU)
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            with anyio.fail_after(30):
+                started = now()
+                async with DmsService(config) as service:
+                    if ended_by == "duration":
+                        await service.finished()
+                    else:
+                        await anyio.sleep(1.0)
+                ended = now()
+    assert 1.0 <= ended - started < 1.5
+    assert 0 < service.summary.frames.received < 60  # it ended before the recording did
+    assert len(opened) == 1 and closed == opened
 
 
 async def test_a_replay_waits_for_a_reader_that_stalls_and_loses_nothing(tmp_path):

@@ -28,13 +28,18 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def run(config: ServiceConfig, source=None) -> tuple[DmsService, list]:
+async def run(
+    config: ServiceConfig, source=None, *, transport=None, backlog: int = 1000, within: float = 60
+) -> tuple[DmsService, list]:
+    """The service (on ``source``, or the config's camera; ``transport``: its accelerator's) until
+    it ends, within ``within`` seconds of the loop's clock: the service and every message it
+    published (``backlog``: how many may wait unread)."""
     messages = []
-    with anyio.fail_after(60):
-        async with DmsService(config, source=source) as service:
+    with anyio.fail_after(within):
+        async with DmsService(config, source=source, transport=transport) as service:
 
             async def collect():
-                async for message in service.messages(backlog=1000):
+                async for message in service.messages(backlog=backlog):
                     messages.append(message)
 
             async with anyio.create_task_group() as tg:

@@ -5,6 +5,7 @@ recording, a video file, one that cannot be opened)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -296,3 +297,25 @@ async def test_a_video_of_no_cabin_cameras_size_is_published_invalid_with_the_re
     assert messages[-1].availability == "unavailable"  # not degraded forever
     # one lasting cause: a few kinds of reason and transitions, not one of each per frame
     assert len(frames.invalid) <= 3 and len(service.summary.transitions) <= 4
+
+
+async def test_sinks_opened_before_one_that_fails_are_closed_and_their_address_is_free(tmp_path):
+    """The ZeroMQ sink binds, then the JSON lines file cannot be opened (a FIFO that no one
+    reads): the start fails, the ZeroMQ sink is closed, and its address is free again (a retry
+    in the same process binds it)."""
+    from pipelines.dms.service import StartupError
+    from pipelines.dms.sinks_zmq import ZmqSink
+
+    fifo = tmp_path / "out.jsonl"
+    os.mkfifo(fifo)
+    chosen = ZmqSink("tcp://127.0.0.1:0")  # a port of this process's own, for the test
+    address = chosen.address
+    chosen.close(timeout=0)
+    service = DmsService(ServiceConfig(zmq=address, jsonl=str(fifo), health_port=None, **CPU))
+    with anyio.fail_after(30):
+        with pytest.raises(StartupError, match="a FIFO that no one reads"):
+            async with service:
+                pass
+    again = ZmqSink(address)  # AddressInUse while the first sink's socket is bound
+    again.close(timeout=0)
+    assert f"zmq {address}" in [sink.name for sink in service.summary.sinks]  # its counts

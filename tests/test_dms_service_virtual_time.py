@@ -23,6 +23,7 @@ import time
 import anyio
 import anyio.to_thread
 import pytest
+from test_dms_service import run
 
 from aio_runtime import (
     Ledger,
@@ -248,18 +249,9 @@ async def accelerator(runner, kernel=None, duration=0.0):
 async def serve(config, transport=None):
     """The service on the synthetic camera until it ends (within 30 s of the loop's clock):
     the service and its messages, every frame accounted for."""
-    messages = []
-    with anyio.fail_after(30):
-        async with DmsService(config, source=SyntheticCamera(), transport=transport) as service:
-
-            async def collect():
-                async for message in service.messages(backlog=config.frames):
-                    messages.append(message)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(collect)
-                await service.finished()
-                tg.cancel_scope.cancel()
+    service, messages = await run(
+        config, SyntheticCamera(), transport=transport, backlog=config.frames, within=30
+    )
     service.summary.frames.check()
     return service, messages
 

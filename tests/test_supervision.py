@@ -514,6 +514,32 @@ async def test_an_attempt_is_not_abandoned_while_the_device_keeps_answering():
     assert len(device.probe_times) >= 19 and device.probe_times[-1] <= 2.0 + 1e-6
 
 
+async def test_a_probe_with_no_news_is_neither_an_answer_nor_a_failure():
+    # A long open on a device that answers throughout, whose probe has no news for its first
+    # second (what it looks over is being opened): no probe failed, so the answers that follow
+    # abandon nothing.
+    device = ProbedDevice((-1, -1))
+
+    async def probe():
+        return None if device.now() < 0.95 else await device.probe()
+
+    @contextlib.asynccontextmanager
+    async def slow_open():
+        await anyio.sleep(2.0)
+        async with device.open() as session:
+            yield session
+
+    supervisor = Supervisor("gpu", slow_open, device.run, probe=probe, probe_interval=0.1)
+    async with virtual_time():
+        device.start()
+        with anyio.fail_after(5):
+            await supervisor.run()
+    assert device.opened_times == pytest.approx([2.0])
+    stats = supervisor.statistics()
+    assert (stats.attempts, stats.abandoned, stats.probes_failed) == (1, 0, 0)
+    assert stats.probes - len(device.probe_times) == 10 and len(device.probe_times) >= 10
+
+
 @pytest.mark.parametrize("behaviour", ["raises", "overruns"])
 async def test_a_probe_that_raises_or_overruns_did_not_answer(behaviour):
     probed: list[float] = []

@@ -10,7 +10,8 @@ a session's ``run`` returning normally means its work is finished, and :meth:`Su
 returns too.
 
 A supervisor may be given a *probe*: a cheap check that the device answers at all (one register
-read with a short bound), much cheaper than opening a session. Probed every ``probe_interval``
+read with a short bound), much cheaper than opening a session, or that has no news of it. Probed
+every ``probe_interval``
 while the supervisor backs off and while a session opens, it decides when a full reopen is worth
 trying — as soon as the device is back, not when a backoff delay or an open's hardware bounds
 happen to run out (see :class:`Supervisor`).
@@ -85,7 +86,7 @@ class SupervisorStatistics:
     abandoned: int = 0
     """Opening attempts given up because the device answered its probe again (see ``probe``)."""
     probes: int = 0
-    """Probes made (one cut short, as a backoff ends, is not counted)."""
+    """Probes made (one cut short, as a backoff ends, is not counted; one with no news is)."""
     probes_failed: int = 0
     """Probes that did not answer (failed, raised or overran ``probe_timeout``)."""
 
@@ -109,7 +110,10 @@ class Supervisor(Generic[S]):
     occasional fault costs one short delay while a device that fails at once backs off to the cap.
 
     ``probe()``, when given, says whether the device answers (True) — a cheap check, such as one
-    register read. It is called every ``probe_interval`` seconds (default: the backoff's first
+    register read — or None: it has no news (it could not look; say, what it would look over is
+    being opened for a session, which is then the check). A probe with no news is neither an
+    answer nor a failure: it ends no backoff, abandons no attempt, and leaves what the last
+    probe found as it was. It is called every ``probe_interval`` seconds (default: the backoff's first
     delay) while the supervisor backs off and while a session opens, each call bounded by
     ``probe_timeout`` (default: ``probe_interval``); a probe that raises or overruns did not
     answer. It is never called while a session runs or is torn down.
@@ -143,7 +147,7 @@ class Supervisor(Generic[S]):
         teardown_timeout: float = 5.0,
         fatal: tuple[type[Exception], ...] = (),
         rng: random.Random | None = None,
-        probe: Callable[[], Awaitable[bool]] | None = None,
+        probe: Callable[[], Awaitable[bool | None]] | None = None,
         probe_interval: float | None = None,
         probe_timeout: float | None = None,
     ) -> None:
@@ -311,16 +315,20 @@ class Supervisor(Generic[S]):
     # -- probing -------------------------------------------------------------------------------
 
     async def _probe_once(self) -> bool:
-        """One probe, bounded by ``probe_timeout``: True if the device answered."""
+        """One probe, bounded by ``probe_timeout``: True if the device answered (False if it did
+        not, or the probe had no news)."""
         assert self.probe is not None
-        answered = False
+        answered: bool | None = False
         try:
             with anyio.move_on_after(self.probe_timeout):
-                answered = bool(await self.probe())
+                found = await self.probe()
+                answered = None if found is None else bool(found)
         except Exception as exc:
             _log.debug("probe failed", session=self.name, error=f"{type(exc).__name__}: {exc}")
-        self._answering = answered  # (a probe cut short finds nothing)
         self._probes += 1
+        if answered is None:  # no news: neither the device answering nor away
+            return False
+        self._answering = answered  # (a probe cut short finds nothing)
         if not answered:
             self._probes_failed += 1
             self._missed = True

@@ -13,7 +13,8 @@ deadlines, with an honest availability state. Modules:
 - ``decode``: outputs to the driverStateV2 fields, validated;
 - ``messages``, ``publish`` (with ``sinks_policy``, ``sinks_memory``, ``sinks_jsonl``,
   ``sinks_zmq``): the published message and its sinks, each with its policy per mode;
-- ``channels``: latest-frame-wins slots and the frame accounting rule;
+- ``channels``: the slots between stages (latest-frame-wins live, hand-off replaying) and the
+  frame accounting rule;
 - ``endpoints``: health and metrics over HTTP;
 - ``config`` (with ``config_values``): every setting, declared once;
 - ``faults``: scripted faults; ``service``: the service; ``run`` (with ``run_summary``):

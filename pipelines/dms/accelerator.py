@@ -285,14 +285,13 @@ class AcceleratorRunner:
         else:
             self._evidence.looked(start, (steps, value), late=late)
 
-    async def stalled_for(self, *, timeout: float | None = None) -> float:
+    async def stalled_for(self) -> float:
         """Seconds the device has been seen to make no progress while it owed a run (0 when
         nothing is owed): how a hung device — a kernel that never completes, a copy fence or a
         USB transfer that never does — is told from a slow one, whose runs overrun the frame's
         budget but keep finishing steps. The evidence comes from the looks taken while runs were
         in progress (see :class:`StallEvidence`): time passing is none, and neither is a host
-        that did not look in time. Nothing is read now (``timeout``, the bound of such a read,
-        is not needed)."""
+        that did not look in time. Nothing is read now."""
         return self._evidence.stalled if self._owed else 0.0
 
     async def aclose(self) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
@@ -181,11 +180,18 @@ class CalibrationSample:
         return all(math.isfinite(v) for v in self.rpy)
 
 
-def closing(source: AsyncIterable[Any]) -> AbstractAsyncContextManager[object]:
-    """Close ``source`` when the block ends, if it can be closed; leave a plain iterable be."""
-    if isinstance(source, _Closable):
-        return contextlib.aclosing(source)
-    return contextlib.nullcontext()
+@contextlib.asynccontextmanager
+async def closing(source: AsyncIterable[Any]) -> AsyncIterator[None]:
+    """Close ``source`` when the block ends, if it can be closed; leave a plain iterable be.
+    However the block ends — the stream's end, a limit reached or the run stopped — the close
+    runs shielded from cancellation, so what the source holds is released: bounded by the
+    source's own timeouts (each of the kit's sources bounds its close)."""
+    try:
+        yield
+    finally:
+        if isinstance(source, _Closable):
+            with anyio.CancelScope(shield=True):
+                await source.aclose()
 
 
 @runtime_checkable

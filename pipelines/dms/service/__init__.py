@@ -1,16 +1,20 @@
 """The DMS service: camera -> warp -> model -> decode -> publish, under per-frame deadlines.
 
-One anyio task per stage, joined by latest-frame-wins slots (at most one frame waits per stage;
-a replaced frame is dropped and counted). CPU work runs off the loop thread (the warp and the model
-in worker threads, or the model on the accelerator). Each frame has a deadline — its start of
-frame plus ``budget`` — that bounds every wait made for it. Every frame ends as published valid,
+One anyio task per stage, joined by slots holding at most one frame: live, latest-frame-wins (a
+replaced frame is dropped and counted); replaying, hand-off slots (each stage waits for the next:
+nothing is dropped). CPU work runs off the loop thread (the warp and the model in worker threads,
+or the model on the accelerator). Each frame has a deadline — its start of frame plus ``budget``
+(replaying, from when it is handed on; with ``no_budget``, ``--no-budget``, a 30 s bound only a
+stopped stage meets) — that bounds every wait made for it. Every frame ends as published valid,
 published invalid with a reason, or dropped and counted (C7); every outcome is reported to the
 service's availability (C6).
 
-The parts, each owning one thing: the frame's path (``_stages``), how frames end (``_outcomes``),
-what each result means for availability (``_policy``), the model's device and its supervised
-sessions (``_device``, on the backends of ``_backends``), calibration (``_calibration``), scripted
-faults (``_faults``), CPU placement (``_platform``). Every default lives in
+The parts, each owning one thing: the camera stage and its watchdog (``_camera``), a frame in
+flight (``_job``), the frame's path (``_stages``), how frames end (``_outcomes``), what each
+result means for availability (``_policy``), the model's device and its supervised sessions
+(``_device``, on the backends of ``_backends``; the accelerator's transports and probe in
+``_link``), starting up (``_startup``), calibration (``_calibration``), scripted faults
+(``_faults``), CPU placement (``_platform``). Every default lives in
 :class:`~pipelines.dms.config.ServiceConfig`.
 """
 
@@ -110,14 +114,16 @@ class DmsService:
         load the model — then take frames. :class:`StartupError` for the first that fails."""
         cfg = self.config
         try:
-            cfg.check_environment()
-            self.outcomes.open_sinks(zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote)
-        except (ValueError, OSError) as exc:
-            raise StartupError(describe(exc)) from exc
-        try:
+            try:
+                cfg.check_environment()
+                self.outcomes.open_sinks(
+                    zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote
+                )
+            except (ValueError, OSError) as exc:
+                raise StartupError(describe(exc)) from exc
             self._tg = await started_group(self._run)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
+        except BaseException:  # the sinks opened so far (say, one before one that failed)
+            with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
             raise
         return self

@@ -39,7 +39,7 @@ from ..model import ModelContract, load_contract
 from ..model_runner import OnnxRunner
 from ..reference_model import reference_model_path
 from ..warp import MODEL_INPUT_SIZE
-from ._link import AcceleratorLink, TransportOpener
+from ._link import AcceleratorLink, LentTransport, TransportOpener
 
 __all__ = [
     "AcceleratorBackend",
@@ -74,8 +74,9 @@ class ModelBackend(Protocol):
         ...
 
     async def stalled_for(self) -> float | None:
-        """Seconds the device has owed a run without finishing any step of it: how a hung
-        device is told from a slow one. None: this backend cannot hang that way."""
+        """Seconds the device has been seen to make no progress while it owed a run (0 when
+        nothing is owed): how a hung device is told from a slow one. None: this backend cannot
+        hang that way."""
         ...
 
     async def aclose(self) -> None: ...
@@ -95,7 +96,7 @@ class CpuBackend:
         return Inference(output, time.perf_counter() - start)
 
     async def stalled_for(self) -> float | None:
-        return None  # each run is bounded by its frame's deadline and stopped past it
+        return None  # a run goes on for its frame's grace and is cut past it: it cannot hang
 
     async def aclose(self) -> None:
         """Nothing: the runner belongs to the device, which closes it."""
@@ -103,23 +104,20 @@ class CpuBackend:
 
 class AcceleratorBackend:
     """An accelerator session: one run at a time; each kernel wait bounded by
-    ``kernel_timeout``, each hang check by ``probe_timeout``."""
+    ``kernel_timeout``."""
 
     runs_back_to_back = False
 
-    def __init__(
-        self, runner: AcceleratorRunner, *, kernel_timeout: float, probe_timeout: float
-    ) -> None:
+    def __init__(self, runner: AcceleratorRunner, *, kernel_timeout: float) -> None:
         self.runner = runner
         self.kernel_timeout = kernel_timeout
-        self.probe_timeout = probe_timeout
 
     async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
         output, phases = await self.runner.run(image, calib, timeout=self.kernel_timeout)
         return Inference(output.reshape(-1), phases.device)
 
     async def stalled_for(self) -> float | None:
-        return await self.runner.stalled_for(timeout=self.probe_timeout)
+        return await self.runner.stalled_for()
 
     async def aclose(self) -> None:
         await self.runner.aclose()
@@ -141,9 +139,10 @@ class Device:
     restartable: bool
     """A session that fails is torn down and opened again (the accelerator); otherwise a fault
     is each frame's own (a CPU runner has no session to lose)."""
-    probe: Callable[[], Awaitable[bool]] | None = None
-    """Whether the device answers at all (a cheap check, for the supervisor of a restartable
-    device: see :class:`aio_runtime.Supervisor`); None: it has none."""
+    probe: Callable[[], Awaitable[bool | None]] | None = None
+    """Whether the device answers at all, or None for no news (a cheap check, for the
+    supervisor of a restartable device: see :class:`aio_runtime.Supervisor`); None: it has
+    none."""
 
 
 def simulator_plan(
@@ -233,9 +232,10 @@ async def _accelerator(
 
     @contextlib.asynccontextmanager
     async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
-        usb = await link.take()
+        usb: LentTransport | None = None
         try:
             with deadline_scope(config.device_open_timeout, name="accelerator open"):
+                usb = await link.take()
                 runner = await AcceleratorRunner.open(
                     usb,
                     image_size=MODEL_INPUT_SIZE,
@@ -243,9 +243,7 @@ async def _accelerator(
                     config=session_config,
                     readiness=readiness,
                 )
-            backend = AcceleratorBackend(
-                runner, kernel_timeout=config.gpu_hang_after, probe_timeout=probe_timeout
-            )
+            backend = AcceleratorBackend(runner, kernel_timeout=config.gpu_hang_after)
             try:
                 yield backend
             except Exception:
@@ -260,7 +258,8 @@ async def _accelerator(
                 raise
             await backend.aclose()
         finally:
-            link.give_back(usb)
+            if usb is not None:
+                link.give_back(usb)
 
     async with AcceleratorLink(opener, probe_timeout=probe_timeout) as link:
         yield Device("accelerator", contract, session, restartable=True, probe=link.probe)

@@ -5,7 +5,6 @@ a camera that stops delivering an UNAVAILABLE service that says so on every sink
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterable, Awaitable
 from typing import Protocol
 
@@ -42,7 +41,9 @@ class Limits(Protocol):
 class Camera:
     """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
     and counted, until the source ends or the ``limits`` are reached (frames, duration); each
-    frame's deadline is its start of frame plus the ``limits``' budget. A camera that cannot be
+    frame's deadline is its start of frame plus the ``limits``' budget (:data:`UNBUDGETED` with
+    ``no_budget``) — replaying, the budget starts as the frame is handed on
+    (:meth:`handed_on`). A camera that cannot be
     opened, or fails, ends the stream, reported. The duration bounds the stream whatever the
     source does (a recording with a long gap, a file that stops delivering)."""
 
@@ -86,8 +87,8 @@ class Camera:
         source = self.source
         if isinstance(source, (Synthetic, CameraFile)):
             source = self.source = open_camera(source, paced=not self.replay)
-        with anyio.move_on_after(math.inf if self.duration is None else self.duration):
-            async with closing(source):
+        async with closing(source):
+            with anyio.move_on_after(self.duration):  # None: no limit
                 await self._take(source, outbox)
 
     async def _take(self, source: AsyncIterable[Frame], outbox: JobSlot) -> None:

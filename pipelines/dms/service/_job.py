@@ -25,7 +25,7 @@ class FrameJob:
     """One frame between the camera and publication. ``number`` counts frames as they reach the
     service (from 0); ``start`` is where its budget begins and ``deadline`` where it ends, on the
     loop clock: live, its start of frame plus the budget; replaying, when the camera stage handed
-    it on plus the budget (``inf`` with no budget)."""
+    it on plus the budget (:data:`UNBUDGETED`, 30 s, with no budget)."""
 
     frame: Frame
     number: int

@@ -145,16 +145,16 @@ class AcceleratorLink:
         if self._session is lent:
             self._session = None
 
-    async def probe(self) -> bool:
+    async def probe(self) -> bool | None:
         """Whether the bridge answers one read within :attr:`probe_timeout` — and, while a
         session holds a transport, answered it too: a control transfer of the session's lost
         (see the module) makes one probe say no. Over the session's transport while it holds
         one (unless its device went away), else over the probe's own, opened if need be; one
         whose device went away is closed, and the next probe opens another. While a session's
         transport is being opened, that opening is the probe (a device that is not there fails
-        it): the probe says nothing against it, and opens no second one beside it."""
+        it): the probe has no news (None), and opens no second one beside it."""
         if self._opening:
-            return True
+            return None
         lent = self._session
         if lent is not None:
             answered = await self._ask(lent)

@@ -132,18 +132,17 @@ class FramePolicy:
         hung.__cause__ = exc
         return Verdict(reason, fault=hung, timeouts=(BUDGET_TIMEOUT, str(exc.layer)))
 
-    def device_fault(self, exc: RuntimeFault, *timeouts: str) -> Verdict:
-        """A hardware timeout or fault from the model's device: UNAVAILABLE, session restarted
-        (``timeouts``: met before it, by layer)."""
+    def device_fault(self, exc: RuntimeFault) -> Verdict:
+        """A hardware timeout or fault from the model's device: UNAVAILABLE, session
+        restarted."""
         reason = Reason(str(exc.layer), exc.message)
         self.availability.report_unavailable(reason)
-        return Verdict(reason, fault=exc, timeouts=(*timeouts, str(exc.layer)))
+        return Verdict(reason, fault=exc, timeouts=(str(exc.layer),))
 
     @staticmethod
-    def no_model(why: str, *timeouts: str) -> Verdict:
-        """No model can run the frame (loading, restarting): said, not reported (``timeouts``:
-        met on the way, by layer)."""
-        return Verdict(Reason("model unavailable", why), timeouts=timeouts)
+    def no_model(why: str) -> Verdict:
+        """No model can run the frame (loading, restarting): said, not reported."""
+        return Verdict(Reason("model unavailable", why))
 
     def invalid_output(self, why: str) -> Verdict:
         return self._failed(Reason("invalid output", why))

@@ -40,7 +40,7 @@ from ._device import DeviceSession, ModelDevice
 from ._faults import ServiceFaults
 from ._job import FrameJob, JobSlot
 from ._outcomes import FrameOutcomes
-from ._policy import BUDGET_TIMEOUT, FramePolicy, Verdict
+from ._policy import FramePolicy, Verdict
 
 __all__ = ["Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
 
@@ -228,23 +228,15 @@ class Model:
         self, job: FrameJob, session: DeviceSession, exc: BudgetExhausted
     ) -> None:
         """No output within the grace — hung, if the device was seen to make no progress."""
-        stalled = None
-        if not session.failing:
-            try:
-                stalled = await session.backend.stalled_for()
-            except RuntimeFault as probe_error:  # the device could not even be read
-                self._device_fault(job, session, probe_error, BUDGET_TIMEOUT)
-                return
+        stalled = None if session.failing else await session.backend.stalled_for()
         self._end(job, session, self.policy.over_budget(exc, stalled))
 
-    def _device_fault(
-        self, job: FrameJob, session: DeviceSession, exc: RuntimeFault, *timeouts: str
-    ) -> None:
+    def _device_fault(self, job: FrameJob, session: DeviceSession, exc: RuntimeFault) -> None:
         if session.failing:  # the session is being replaced: this is a consequence
             why = self.device.why_unavailable(session)
-            self.outcomes.invalid(job, self.policy.no_model(why, *timeouts))
+            self.outcomes.invalid(job, self.policy.no_model(why))
             return
-        self._end(job, session, self.policy.device_fault(exc, *timeouts))
+        self._end(job, session, self.policy.device_fault(exc))
 
     def _end(self, job: FrameJob, session: DeviceSession, verdict: Verdict) -> None:
         self.outcomes.invalid(job, verdict)
