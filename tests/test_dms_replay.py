@@ -13,7 +13,7 @@ from aio_runtime import Ledger, now, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.dms.camera import Frame
 from pipelines.dms.camera_replay import RecordingReader
-from pipelines.dms.camera_sources import clock_ns
+from pipelines.dms.camera_sources import CLOSE_BOUND, clock_ns, closing
 from pipelines.dms.config import Mode, ServiceConfig
 from pipelines.dms.service import DmsService
 
@@ -174,3 +174,26 @@ async def test_live_a_stalled_reader_loses_only_what_is_counted():
     published = service.summary.frames.ended - sum(service.summary.frames.dropped.values())
     assert subscriptions.published == published
     assert subscriptions.dropped == subscriptions.published - subscriptions.delivered > 0
+
+
+async def test_a_source_whose_close_never_ends_is_left_behind_within_the_bound():
+    """A caller's source whose cleanup hangs holds the run's end up for CLOSE_BOUND, no more."""
+    closed: list[str] = []
+
+    class Stuck:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise StopAsyncIteration
+
+        async def aclose(self) -> None:
+            closed.append("asked")
+            await anyio.Event().wait()  # never set
+
+    async with virtual_time():
+        start = now()
+        with anyio.CancelScope() as scope:
+            async with closing(Stuck()):
+                scope.cancel()  # the run is stopped: the close still runs, shielded
+        assert closed == ["asked"] and now() - start == pytest.approx(CLOSE_BOUND)

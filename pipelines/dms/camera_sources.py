@@ -33,6 +33,7 @@ from .camera import Frame
 from .config import CameraFile, CameraSpec
 
 __all__ = [
+    "CLOSE_BOUND",
     "CalibrationSample",
     "ClosableStream",
     "FrameSource",
@@ -180,17 +181,22 @@ class CalibrationSample:
         return all(math.isfinite(v) for v in self.rpy)
 
 
+CLOSE_BOUND = 5.0
+"""Seconds a source's close may take once the run is ending (the kit's sources bound their own
+closes within it; a caller's source that does not is left behind after it)."""
+
+
 @contextlib.asynccontextmanager
 async def closing(source: AsyncIterable[Any]) -> AsyncIterator[None]:
     """Close ``source`` when the block ends, if it can be closed; leave a plain iterable be.
     However the block ends — the stream's end, a limit reached or the run stopped — the close
-    runs shielded from cancellation, so what the source holds is released: bounded by the
-    source's own timeouts (each of the kit's sources bounds its close)."""
+    runs shielded from cancellation, so what the source holds is released, within
+    :data:`CLOSE_BOUND`."""
     try:
         yield
     finally:
         if isinstance(source, _Closable):
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BOUND):
                 await source.aclose()
 
 
