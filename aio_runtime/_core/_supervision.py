@@ -11,10 +11,9 @@ returns too.
 
 A supervisor may be given a *probe*: a cheap check that the device answers at all (one register
 read with a short bound), much cheaper than opening a session, or that has no news of it. Probed
-every ``probe_interval``
-while the supervisor backs off and while a session opens, it decides when a full reopen is worth
-trying — as soon as the device is back, not when a backoff delay or an open's hardware bounds
-happen to run out (see :class:`Supervisor`).
+every ``probe_interval`` while the supervisor backs off and while a session opens, it decides
+when a full reopen is worth trying — as soon as the device is back, not when a backoff delay or
+an open's hardware bounds happen to run out (see :class:`Supervisor`).
 """
 
 from __future__ import annotations
@@ -113,8 +112,8 @@ class Supervisor(Generic[S]):
     register read — or None: it has no news (it could not look; say, what it would look over is
     being opened for a session, which is then the check). A probe with no news is neither an
     answer nor a failure: it ends no backoff, abandons no attempt, and leaves what the last
-    probe found as it was. It is called every ``probe_interval`` seconds (default: the backoff's first
-    delay) while the supervisor backs off and while a session opens, each call bounded by
+    probe found as it was. It is called every ``probe_interval`` seconds (default: the backoff's
+    first delay) while the supervisor backs off and while a session opens, each call bounded by
     ``probe_timeout`` (default: ``probe_interval``); a probe that raises or overruns did not
     answer. It is never called while a session runs or is torn down.
 
