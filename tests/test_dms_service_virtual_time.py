@@ -278,8 +278,12 @@ async def test_a_run_past_its_deadline_is_published_late_with_its_output_degrade
     bound): every frame's run goes on past its deadline and is published with its output,
     DEGRADED — never UNAVAILABLE for want of output, never restarted."""
     config = ServiceConfig(**SIM)
-    async with accelerator(reference_model, duration=0.06) as transport:
-        service, messages = await run_service(config, transport)
+    # The simulated device inside the ledger virtual time watches: its model kernel's thread
+    # holds the clock (outside, the clock would jump on while the model runs on a busy machine).
+    with use_ledger(Ledger()) as ledger:
+        async with virtual_time(autojump_threshold=GRACE, hold=threads_busy(ledger)):
+            async with accelerator(reference_model, duration=0.06) as transport:
+                service, messages = await serve(config, transport)
     late = [m for m in messages if m.frame_id >= 0 and m.left_driver_data is not None]
     assert len(late) >= 15  # the rest dropped while the device was busy, counted
     assert all(not m.valid and m.reason.startswith("frame budget: late: ") for m in late)

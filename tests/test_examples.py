@@ -25,7 +25,10 @@ def test_the_asyncio_embedding_example_sees_the_service_fail_and_recover():
         line for line in result.stdout.splitlines() if line.startswith(("availability", "messages"))
     ]
     states = [line for line in lines if line.startswith("availability")]
-    assert any("unavailable(" in s and "gpu-queue" in s for s in states)
-    assert states[-1] == "availability: available"
+    failed = [i for i, s in enumerate(states) if "unavailable(" in s and "gpu-queue" in s]
+    assert failed
+    # Recovered: AVAILABLE after the fault (a frame late on a busy machine may make it DEGRADED
+    # again later; that is the policy, not a failure to recover).
+    assert "availability: available" in states[failed[-1] + 1 :]
     valid, invalid = map(int, re.findall(r"\d+", lines[-1]))
     assert valid + invalid <= 80 and valid > 40 and invalid > 0
