@@ -63,6 +63,18 @@ async def test_two_chunks_are_in_flight_and_a_half_is_reused_only_once_drained()
         assert log.count("data") == 4
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio orders the engine's passes apart
+async def test_a_fence_read_finds_the_engine_caught_up():
+    """The host yields before it reads the fence, so the in-process copy engine has consumed
+    what was sent: 6 chunks need 3 fence reads (before chunk 2, before chunk 4, at the end)."""
+    async with session() as (sim, gpu):
+        buffer = await gpu.alloc(6 * CHUNK)
+        sim.bridge.requests.clear()
+        await gpu.copy_in(buffer, os.urandom(6 * CHUNK))
+        reads = [r for kind, r, _, _ in sim.bridge.requests if r == 0xE4]
+        assert len(reads) == 3
+
+
 async def test_a_stale_sentinel_from_an_earlier_batch_is_never_taken_for_a_new_chunk():
     async with virtual_time(), session() as (sim, gpu):
         buffer = await gpu.alloc(2 * CHUNK)

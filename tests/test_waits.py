@@ -262,6 +262,28 @@ async def test_polling_backs_off_instead_of_spinning():
     assert 100 <= probe.reads <= 120
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio may run the two in either order
+@pytest.mark.parametrize(("yield_first", "reads"), [(False, 2), (True, 1)])
+async def test_yield_first_lets_the_producer_run_before_the_first_read(yield_first, reads):
+    """A read that costs a transfer is not spent on a condition the next loop pass meets."""
+    state = {"value": 0, "reads": 0}
+
+    def probe() -> int:
+        state["reads"] += 1
+        return state["value"]
+
+    async def producer() -> None:
+        state["value"] = 1
+
+    policy = PollPolicy(yield_first=yield_first)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(producer)  # runs at the waiter's first yield
+        await wait_until(
+            probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy
+        )
+    assert state["reads"] == reads
+
+
 def test_poll_policy_intervals_spin_then_grow_to_the_cap():
     policy = PollPolicy(spin=2, first_interval=0.001, max_interval=0.004, factor=2)
     intervals = policy.intervals()

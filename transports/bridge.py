@@ -111,9 +111,14 @@ class Channel:
 
     @contextlib.asynccontextmanager
     async def hold(self, holder: str) -> AsyncIterator[None]:
-        awaited = f"{self.name} for {holder} (held by {self.holder or 'nobody'})"
-        bound = WaitBound(awaited=awaited, error=self.error, timeout=self.timeout, layer=self.layer)
-        await bound.run(self._lock.acquire(), awaited=awaited)
+        try:  # free: taken at once (as the bounded acquire would be), no bound to set up
+            self._lock.acquire_nowait()
+        except anyio.WouldBlock:
+            awaited = f"{self.name} for {holder} (held by {self.holder or 'nobody'})"
+            bound = WaitBound(
+                awaited=awaited, error=self.error, timeout=self.timeout, layer=self.layer
+            )
+            await bound.run(self._lock.acquire(), awaited=awaited)
         self.holder = holder
         try:
             yield

@@ -71,7 +71,9 @@ class PollPolicy:
     """How a probe is repeated on the event loop.
 
     First ``spin`` immediate re-reads (each yields to the loop once, so other tasks still run), then
-    sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``. Spins
+    sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``.
+    ``yield_first``: yield to the loop once before the first read too — for a read that costs a
+    transfer, whose condition is usually met by work another task does next. Spins
     are counted, not timed, so a spin cannot run forever under a virtual clock. asyncio's selector
     rounds sleeps up to whole milliseconds; for sub-millisecond detection of a memory word use a
     :class:`~aio_runtime.MemoryWatcher` instead.
@@ -81,6 +83,7 @@ class PollPolicy:
     first_interval: float = 0.0002
     max_interval: float = 0.005
     factor: float = 2.0
+    yield_first: bool = False
 
     def __post_init__(self) -> None:
         if self.spin < 0:
@@ -279,6 +282,8 @@ async def wait_until(
     probe_is_async = False
     intervals = policy.intervals()
     with anyio.CancelScope(deadline=bound.at) as scope:
+        if policy.yield_first:
+            await anyio.lowlevel.checkpoint()
         while True:
             value = probe()
             if inspect.isawaitable(value):

@@ -47,6 +47,7 @@ import anyio
 from aio_runtime import (
     BudgetExhausted,
     Layer,
+    PollPolicy,
     RuntimeFault,
     SignalTimeout,
     UsbTransferTimeout,
@@ -77,6 +78,9 @@ __all__ = ["CHUNK", "HALF", "MAX_BATCH", "After", "CopyProtocol", "CopyStatistic
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
 _FENCE_BITS = 8
+_FENCE_POLICY = PollPolicy(yield_first=True)
+"""A fence read is a control transfer; the copy engine that moves the fence on usually runs as
+soon as the host yields (at once on real hardware, on the next loop pass in the simulator)."""
 """The host reads one byte of the chunk fence and compares it as a serial number: never wrongly,
 since a batch holds at most :data:`MAX_BATCH` chunks, half the byte's range."""
 
@@ -218,6 +222,7 @@ class CopyProtocol:
                 layer=Layer.GPU_QUEUE,
                 timeout=self.fence_timeout,
                 expected=count & 0xFF,
+                policy=_FENCE_POLICY,
             )
         except SignalTimeout as exc:
             await self._diagnose(exc)
