@@ -67,11 +67,13 @@ class Gather:
         return Gather(parts)
 
     def copy_into(self, target: bytearray, at: int, begin: int, size: int) -> None:
-        """Bytes ``begin`` to ``begin + size`` into ``target`` from ``at``: one copy of each."""
+        """Bytes ``begin`` to ``begin + size`` into ``target`` from ``at``: one copy of each
+        (through a memoryview: a bytearray's own slice assignment copies the source first)."""
+        into = memoryview(target)
         for view in self._parts:
             if begin < len(view):
                 take = min(size, len(view) - begin)
-                target[at : at + take] = view[begin : begin + take]
+                into[at : at + take] = view[begin : begin + take]
                 at, size = at + take, size - take
                 if not size:
                     return

@@ -404,7 +404,7 @@ class SimBridge:
     def dma_write(self, address: int, data: bytes | memoryview) -> None:
         """A GPU write into bridge memory (sys page, cq page, SRAM)."""
         memory, offset = self._window(address, len(data))
-        memory[offset : offset + len(data)] = data
+        memoryview(memory)[offset : offset + len(data)] = memoryview(data).cast("B")  # one copy
         if memory is self.cq and offset <= 12 < offset + len(data) and self.cq[12:16] == bytes(4):
             if self.engine.release():
                 self._serve(EP_BULK_IN)

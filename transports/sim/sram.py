@@ -62,7 +62,10 @@ class SramEngine:
         arm = self._arms.popleft()
         if len(data) != arm.length:
             raise Refused(f"bulk OUT of {len(data)} bytes for an SRAM write armed for {arm.length}")
-        self.sram[arm.offset : arm.offset + accepted] = data[:accepted]
+        # through a memoryview: a bytearray's own slice assignment copies the source first
+        memoryview(self.sram)[arm.offset : arm.offset + accepted] = memoryview(data).cast("B")[
+            :accepted
+        ]
         return arm.offset
 
     def read(self, length: int) -> bytes | None:

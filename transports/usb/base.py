@@ -181,6 +181,8 @@ class UsbTransfer(Generic[T]):
         return self._completion.done()
 
     async def wait(self) -> T:
+        if self._completion.done():  # finished already: its outcome, with no bound to watch
+            return self._finish(self._completion.result())
         raw = await wait_complete(
             self._completion,
             awaited=self.awaited,
