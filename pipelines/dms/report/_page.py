@@ -26,6 +26,9 @@ _NUMBER = re.compile(r"^(?:[-\d.]+|—)(?: |$)")
 """A cell that is a number (with its unit or share after it): aligned right."""
 
 
+_BUDGET_SOURCE = {"messages": ", as the messages carry it", "option": ""}
+
+
 def _ms(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value * 1e3:.1f}"
 
@@ -54,7 +57,7 @@ def _summary(data: RunData) -> str:
         ["status messages (no frame)", f"{s.status}"],
         ["valid", f"{s.valid} ({100 * s.valid_share:.1f} %)"],
         ["frame ids skipped (dropped)", f"{s.missing_frames}"],
-        [f"frames over the budget ({data.budget * 1e3:g} ms, {data.budget_source})",
+        [f"frames over the budget ({data.budget * 1e3:g} ms{_BUDGET_SOURCE[data.budget_source]})",
          f"{s.over_budget}"],
         ["duration (first to last message)", f"{s.duration:.2f} s"],
         ["first AVAILABLE", "never" if s.first_available is None else f"{s.first_available:.3f} s"],

@@ -81,27 +81,31 @@ def timeline_figure(data: RunData) -> Figure:
     ax.set_yticks([_ROW[s] for s in STATES], [s.value.upper() for s in STATES])
     ax.grid(axis="x", alpha=0.3)
     _seconds_axis(ax, data)
-    away = [b for b in data.bands if b.availability is not Availability.AVAILABLE]
-    startup = data.bands[0] if data.startup is not None else None
-    left_out = _reason_labels(labels, ax, away, startup)
     time_in = data.summary.time_in
-    labels.set_title(
+    title = (
         f"availability: {time_in[Availability.AVAILABLE]:.1f} s available, "
         f"{time_in[Availability.DEGRADED]:.1f} s degraded, "
         f"{time_in[Availability.UNAVAILABLE]:.1f} s unavailable"
-        + (f" ({left_out} left unlabelled: no room)" if left_out else ""),
-        loc="left",
     )
+    labels.set_title(title, loc="left")
+    away = [b for b in data.bands if b.availability is not Availability.AVAILABLE]
+    startup = data.bands[0] if data.startup is not None else None
+    left_out = _reason_labels(figure, labels, ax, away, startup)
+    if left_out:
+        labels.set_title(f"{title} ({left_out} left unlabelled: no room)", loc="left")
     return figure
 
 
-def _reason_labels(labels: Axes, ax: Axes, bands: Sequence[Band], startup: Band | None) -> int:
+def _reason_labels(
+    figure: Figure, labels: Axes, ax: Axes, bands: Sequence[Band], startup: Band | None
+) -> int:
     """Each band's cause above it, on the lowest label row where it overlaps no other label —
     the UNAVAILABLE bands first, then the longer ones; how many found no room (left out)."""
     labels.set_ylim(0, 1)
     labels.set_axis_off()
-    renderer = labels.figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    figure.draw_without_rendering()  # the layout settled before labels are measured
     to_data = labels.transData.inverted()
+    end = labels.get_xlim()[1]
     taken: list[list[tuple[float, float]]] = [[] for _ in range(_LEVELS)]
     left_out = 0
     ranked = sorted(
@@ -119,12 +123,18 @@ def _reason_labels(labels: Axes, ax: Axes, bands: Sequence[Band], startup: Band 
         label = labels.text(
             band.start, 0, text, fontsize=8, va="bottom", ha="left", color="#222222", gid="reason"
         )
-        right = float(to_data.transform((label.get_window_extent(renderer).x1 + 6, 0))[0])
+        label.set_in_layout(False)  # measured against the layout as it is: it must not move
+        box = label.get_window_extent()  # on the figure's own (Agg) renderer
+        width = float(to_data.transform((box.x1 + 6, 0))[0] - to_data.transform((box.x0, 0))[0])
+        left, right = band.start, band.start + width
+        if right > end:  # no room on the right: the label ends at its band's start instead
+            label.set_horizontalalignment("right")
+            left, right = band.start - width, band.start
         level = next(
             (
                 at
                 for at, spans in enumerate(taken)
-                if all(right < x0 or band.start > x1 for x0, x1 in spans)
+                if all(right < x0 or left > x1 for x0, x1 in spans)
             ),
             None,
         )
@@ -133,7 +143,7 @@ def _reason_labels(labels: Axes, ax: Axes, bands: Sequence[Band], startup: Band 
             labels.plot([band.start, band.start], [0, 0.08], color=colour, linewidth=1)
             left_out += 1
             continue
-        taken[level].append((band.start, right))
+        taken[level].append((left, right))
         y = 0.1 + level * (0.88 / _LEVELS)
         label.set_y(y)
         labels.plot([band.start, band.start], [0, y], color=colour, linewidth=1)
