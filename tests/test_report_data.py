@@ -30,6 +30,11 @@ def test_a_message_reads_back_as_it_was_published():
     assert message.frame_age == 0.15 and message.model_time == 0.012
 
 
+def test_a_valid_message_s_reason_may_be_null():
+    message = Message.from_record({**records([ok()])[0], "reason": None})
+    assert (message.reason, message.kind, message.valid) == ("", "", True)
+
+
 def test_a_message_s_own_reason_kind_and_run_id_are_taken_as_given():
     record = {**records([Step("D", "late: 3 ms")])[0], "reasonKind": "frame budget", "runId": "r1"}
     message = Message.from_record(record)
@@ -45,6 +50,7 @@ def test_a_message_s_own_reason_kind_and_run_id_are_taken_as_given():
         ({"frameAge": float("nan")}, "frameAge"),
         ({"availability": "gone"}, "availability"),
         ({"timestampSof": True}, "timestampSof"),
+        ({"reason": 5}, "reason"),
     ],
 )
 def test_a_record_that_is_no_message_is_refused_naming_the_field(change, named):

@@ -133,3 +133,14 @@ def test_an_episode_the_run_ended_in_has_no_recovery_bar_and_says_not_recovered(
               figure.axes[0].containers}  # fmt: skip
     assert math.isnan(series["recovery"][0])
     assert "not\nrecovered" in [t.get_text() for t in figure.axes[0].texts]
+
+
+def test_many_episodes_keep_their_bars_and_name_every_few():
+    hang = [Step("U", "gpu-queue: hung", age=0.15), Step("U", "recovering: unavailable (x)")]
+    data = analyse(messages([ok(), *[*hang, ok()] * 40]), budget=0.05)
+    figure = episodes_figure(data)
+    ax = figure.axes[0]
+    assert [len(bars.patches) for bars in ax.containers] == [40, 40]
+    assert not ax.texts  # no values on the bars
+    ticks = [tick.get_text() for tick in ax.get_xticklabels()]
+    assert ticks == [f"#{n}" for n in range(1, 41, 3)]

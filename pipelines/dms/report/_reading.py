@@ -58,7 +58,9 @@ class Message:
     def from_record(cls, record: Mapping[str, Any]) -> Message:
         """A message from its record; :class:`ValueError` naming the first field that is
         missing or of the wrong type."""
-        reason = _field(record, "reason", str)
+        reason = record.get("reason") or ""  # a valid message's may be empty or null
+        if not isinstance(reason, str):
+            raise ValueError(f"reason: expected a str, found a {type(reason).__name__}")
         kind = record.get("reasonKind")
         availability = _field(record, "availability", str)
         if availability not in tuple(Availability):

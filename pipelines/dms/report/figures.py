@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter, LogLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator
 
 from aio_runtime import Availability
 
@@ -224,12 +224,14 @@ def invalid_figure(data: RunData) -> Figure:
     counts = data.summary.invalid_by_kind.most_common()
     if not counts:
         ax.text(0.5, 0.5, "no invalid frames", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set_axis_off()
     else:
         kinds = [kind for kind, _ in counts]
-        bars = ax.bar(kinds, [n for _, n in counts], color="#5d7fa3", label="invalid")
+        bars = ax.bar(kinds, [n for _, n in counts], 0.6, color="#5d7fa3", label="invalid")
         ax.bar_label(bars, padding=2, fontsize=8)
+        pad = (max(len(kinds), 6) - len(kinds)) / 2 + 0.5  # a few bars stay bars, centred
+        ax.set_xlim(-pad, len(kinds) - 1 + pad)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("messages")
         ax.margins(y=0.15)
         if len(kinds) > 5 or max(len(kind) for kind in kinds) > 14:
@@ -248,15 +250,17 @@ FIGURES = ("timeline", "latency", "invalid", "episodes")
 def episodes_figure(data: RunData) -> Figure:
     """For each fault episode: detection (its first invalid frame to the first message away from
     AVAILABLE), to UNAVAILABLE where that came later, and recovery (the first trustworthy output
-    again to AVAILABLE), in ms; an episode the run ended in is marked not recovered."""
+    again to AVAILABLE), in ms; an episode the run ended in is marked not recovered. With many
+    episodes the values are left off the bars and only every few episodes' numbers are shown
+    (the page's table has them all)."""
     episodes = data.episodes
+    many = len(episodes) > _NAMED_EPISODES
     figure = _figure(3.8)
     ax = figure.subplots()
     if not episodes:
         ax.text(0.5, 0.5, "no fault episodes", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_title("detection and recovery", loc="left")
+        ax.set_axis_off()
+        ax.set_title("detection and recovery per fault episode", loc="left")
         return figure
     columns: list[tuple[str, list[float | None], str]] = [
         ("detection", [e.detection for e in episodes], "#d64541"),
@@ -270,24 +274,36 @@ def episodes_figure(data: RunData) -> Figure:
         xs = [i + (at - (len(columns) - 1) / 2) * width for i in range(len(episodes))]
         heights = [v * 1e3 if v is not None else math.nan for v in values]
         bars = ax.bar(xs, heights, width, color=colour, label=name)
-        ax.bar_label(bars, labels=[_ms(v) for v in heights], padding=2, fontsize=7)
+        if not many:
+            ax.bar_label(bars, labels=[_ms(v) for v in heights], padding=2, fontsize=7)
     recovery_at = (len(columns) - 1) / 2 * width  # the recovery column's offset
     for i, episode in enumerate(episodes):
-        if episode.recovered is None:
+        if episode.recovered is None and not many:
             ax.annotate("not\nrecovered", (i + recovery_at, 0), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=7,
                         color="#3a9d5d")  # fmt: skip
-    ax.set_xticks(
-        range(len(episodes)), [f"#{e.number} {e.cause}\nat {e.detected:.1f} s" for e in episodes]
-    )
-    if len(episodes) > 8:
-        ax.tick_params(axis="x", labelrotation=35, labelsize=7)
+    if many:
+        step = math.ceil(len(episodes) / _NAMED_EPISODES)
+        shown = range(0, len(episodes), step)
+        ax.set_xticks(shown, [f"#{episodes[i].number}" for i in shown])
+        ax.set_xlabel("fault episode")
+    elif len(episodes) > 8:  # one line each, slanted
+        ax.set_xticks(range(len(episodes)), [f"#{e.number} {e.cause}" for e in episodes])
+        for tick in ax.get_xticklabels():
+            tick.set(rotation=30, horizontalalignment="right", rotation_mode="anchor", fontsize=7)
+    else:
+        named = [f"#{e.number} {e.cause}\nat {e.detected:.1f} s" for e in episodes]
+        ax.set_xticks(range(len(episodes)), named)
     ax.set_ylabel("ms")
     ax.margins(y=0.15)
     ax.grid(axis="y", alpha=0.3)
     figure.legend(loc="outside lower center", fontsize=8, ncols=len(columns), frameon=False)
     ax.set_title("detection and recovery per fault episode", loc="left")
     return figure
+
+
+_NAMED_EPISODES = 16
+"""Up to this many episodes, each is named under its bars, its values on them."""
 
 
 def _later_unavailable(episode: Episode) -> bool:
