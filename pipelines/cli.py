@@ -98,6 +98,15 @@ def _parser() -> argparse.ArgumentParser:
         help="an ONNX model with openpilot's driver-monitoring contract (default: the untrained "
         "reference model, built on first use)",
     )
+    from .dms.report.command import add_arguments as add_report_arguments
+
+    add_report_arguments(
+        commands.add_parser(
+            "report",
+            help="pictures of a run from its JSON lines (availability, frame age and latency, "
+            "invalid frames by kind, detection and recovery per fault) and a page showing them",
+        )
+    )
     return parser
 
 
@@ -173,6 +182,10 @@ def _main(argv: list[str], stopping: Stopping) -> int:
         return demo_main()
     if args.command == "model-info":
         return _model_info(args.model)
+    if args.command == "report":
+        from .dms.report.command import report
+
+        return report(args)
     from .dms.config import Mode
     from .dms.run import run
 

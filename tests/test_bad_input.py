@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from report_runs import GPU_HANG, lines
 
 from pipelines.cli import _parser, main
 from pipelines.dms.config import ServiceConfig
@@ -209,3 +210,36 @@ def test_no_traceback_escapes_a_real_process(argv, paths):
     )
     assert result.returncode == ExitCode.REFUSED, result.stderr
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+# aio-dms report's options (its input's bad forms: tests/test_report_command.py). {run} is the
+# JSON lines of a run, {garbage} a file that exists.
+BAD_REPORT_OPTIONS: dict[str, list[list[str]]] = {
+    "--output": [["{garbage}"], ["{garbage}/sub"]],
+    "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"]],
+    "--run": [["0"], ["2"], ["-1"], ["x"], ["1.5"]],
+}  # fmt: skip
+
+
+def test_every_option_of_report_has_bad_values_in_the_table():
+    missing = sorted(set(_options("report")) - set(BAD_REPORT_OPTIONS))
+    assert not missing, f"report: options without bad values: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "values"),
+    [(flag, values) for flag, table in BAD_REPORT_OPTIONS.items() for values in table],
+    ids=lambda v: str(v),
+)
+def test_a_bad_report_option_is_one_line_and_exit_code_2(flag, values, paths, capsys, tmp_path):
+    run = tmp_path / "run.jsonl"
+    run.write_text("\n".join(lines(GPU_HANG)) + "\n")
+    given = [value.format(**paths) for value in values]
+    argv = ["report", str(run), "-o", str(tmp_path / "out"), flag, *given]
+    code = main(argv)
+    captured = capsys.readouterr()
+    lines_out = captured.err.splitlines()
+    assert code == ExitCode.REFUSED, (argv, captured.err)
+    assert len(lines_out) == 1 and lines_out[0].startswith("aio-dms"), (argv, captured.err)
+    assert "Traceback" not in captured.err and not captured.out
+    assert not (tmp_path / "out").exists()
