@@ -278,10 +278,33 @@ async def test_yield_first_lets_the_producer_run_before_the_first_read(yield_fir
     policy = PollPolicy(yield_first=yield_first)
     async with anyio.create_task_group() as tg:
         tg.start_soon(producer)  # runs at the waiter's first yield
-        await wait_until(
-            probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy
-        )
+        await wait_until(probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy)
     assert state["reads"] == reads
+
+
+@pytest.mark.parametrize("holds", [True, False])
+async def test_yield_first_still_reads_once_with_no_time_left(holds):
+    """A bound already reached during the first yield: the (async) probe is read once, as without
+    the yield — a condition that holds returns, one that does not is a typed timeout."""
+    reads = []
+
+    async def probe() -> bool:
+        reads.append(now())
+        return holds
+
+    policy = PollPolicy(yield_first=True)
+    async with virtual_time():
+        with deadline_scope(0.0, name="frame"):
+            if holds:
+                assert await wait_until(
+                    probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy
+                )
+            else:
+                with pytest.raises(BudgetExhausted):
+                    await wait_until(
+                        probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy
+                    )
+    assert len(reads) == 1
 
 
 def test_poll_policy_intervals_spin_then_grow_to_the_cap():

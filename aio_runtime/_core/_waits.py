@@ -282,8 +282,8 @@ async def wait_until(
     probe_is_async = False
     intervals = policy.intervals()
     with anyio.CancelScope(deadline=bound.at) as scope:
-        if policy.yield_first:
-            await anyio.lowlevel.checkpoint()
+        if policy.yield_first:  # shielded: the probe is still read once with no time left
+            await anyio.lowlevel.cancel_shielded_checkpoint()
         while True:
             value = probe()
             if inspect.isawaitable(value):
