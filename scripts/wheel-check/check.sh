@@ -14,6 +14,9 @@
 set -euo pipefail
 
 dev_python=${1:?usage: $0 DEV_PYTHON}
+case $dev_python in
+  */*) dev_python="$(cd "$(dirname "$dev_python")" && pwd)/$(basename "$dev_python")" ;; # absolute;
+esac # a virtual environment's link is kept, not resolved (that would leave the environment)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/aio-dms-wheel-check.XXXXXX")
