@@ -13,6 +13,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -143,21 +144,25 @@ def test_a_copy_neither_installed_nor_in_its_checkout_has_an_unknown_version(
 
 
 @pytest.fixture
-def not_installed(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+def not_installed(monkeypatch: pytest.MonkeyPatch) -> Callable[..., ModuleType]:
     """``not_installed(*modules)``: from then on, importing any of ``modules`` fails as where it
-    is not installed, and the DMS service's modules are imported afresh (so that they meet the
-    failure); all of them are put back afterwards."""
+    is not installed; returns ``pipelines.cli`` imported afresh, as is the DMS service when it
+    imports it (so that they meet the failure). All of them are put back afterwards."""
     for module in cli._DMS_MODULES:  # all that the check imports, so all is put back after it
         importlib.import_module(module)
 
-    def block(*modules: str) -> None:
-        for name in [name for name in sys.modules if name.startswith("pipelines.dms")]:
+    def block(*modules: str) -> ModuleType:
+        for name in [
+            name for name in sys.modules if name.startswith(("pipelines.dms", "pipelines.cli"))
+        ]:
             monkeypatch.delitem(sys.modules, name)
         monkeypatch.delattr(pipelines, "dms")
+        monkeypatch.delattr(pipelines, "cli")
         for module in modules:
             for name in [name for name in sys.modules if name.startswith(f"{module}.")]:
                 monkeypatch.delitem(sys.modules, name)  # its submodules, loaded, would still import
             monkeypatch.setitem(sys.modules, module, None)
+        return importlib.import_module("pipelines.cli")
 
     return block
 
@@ -171,8 +176,7 @@ def not_installed(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
 def test_a_dms_command_without_the_dms_extra_names_what_is_missing_and_what_to_install(
     not_installed, capsys, argv, missing
 ):
-    not_installed(missing)
-    assert cli.main(argv) == ExitCode.REFUSED
+    assert not_installed(missing).main(argv) == ExitCode.REFUSED
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
@@ -182,22 +186,22 @@ def test_a_dms_command_without_the_dms_extra_names_what_is_missing_and_what_to_i
 
 
 def test_without_the_dms_extra_version_help_and_demo_still_work(not_installed, capsys):
-    not_installed(*DMS_EXTRA_MODULES)
+    lean = not_installed(*DMS_EXTRA_MODULES)
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["--version"])
+        lean.main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"aio-dms {pipelines.__version__}\n"
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["--help"])
+        lean.main(["--help"])
     assert exit_.value.code == 0
     assert "(needs the dms extra: pip install 'aio-dms[dms]')" in capsys.readouterr().out
-    assert cli.main(["demo"]) == ExitCode.OK
+    assert lean.main(["demo"]) == ExitCode.OK
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("demo done:")
     assert "pipelines.dms.service" not in sys.modules
 
 
 def test_a_module_of_the_project_that_fails_to_import_is_no_missing_extra(not_installed):
-    not_installed("pipelines.dms.endpoints")
+    broken = not_installed("pipelines.dms.endpoints")
     with pytest.raises(ModuleNotFoundError) as error:
-        cli.main(["run", "--frames", "1"])
+        broken.main(["run", "--frames", "1"])
     assert error.value.name == "pipelines.dms.endpoints"
