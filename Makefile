@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup system-packages run demo test bench check clean
+.PHONY: setup system-packages run demo test wheel-check bench check clean
 
 setup: system-packages $(INSTALLED)
 
@@ -14,7 +14,7 @@ system-packages:
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev]'
+	$(PY) -m pip install --quiet -e '.[dms,test,umockdev,dev]'
 	@touch $@
 
 run: setup
@@ -27,6 +27,12 @@ run: setup
 test: setup
 	$(PY) -m pytest --ignore=tests/umockdev
 	AIO_DMS_REQUIRE_UMOCKDEV=1 umockdev-wrapper $(PY) -m pytest tests/umockdev --timeout=30
+
+# The built wheel as users install it, in fresh virtual environments (packages from PyPI): bare,
+# the runtime core and the transports; with the dms extra, the DMS service, a user's pytest file on
+# the aio_runtime plugin, and mypy over a user's code typed against the service.
+wheel-check: setup
+	scripts/wheel-check/check.sh $(PY)
 
 # As modules: benchmarks/copy.py is named after the protocol it measures, and run as a script from
 # that folder it would stand in for the standard library's copy module.
@@ -42,7 +48,7 @@ bench: setup
 	$(PY) -m benchmarks.soak
 
 check: setup
-	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples
+	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples scripts
 	$(PY) -m mypy --strict aio_runtime transports pipelines
 
 clean:

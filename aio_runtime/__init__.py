@@ -71,6 +71,10 @@ from ._core._waits import (
     wait_until,
 )
 from ._core._watcher import MemoryWatcher, Watch, WatcherStatistics, WatcherStopped
+from ._version import distribution_version as _distribution_version
+
+__version__ = _distribution_version()
+"""The version of the installed ``aio-dms`` distribution (``aio-dms --version``)."""
 
 __all__ = [
     "DEFAULT_POLICY",

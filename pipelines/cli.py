@@ -2,20 +2,36 @@
 
 Signals are handled from the first line of :func:`main` (:mod:`pipelines.stopping`); every
 command ends with an exit code of :class:`~pipelines.exit_codes.ExitCode`; a bad option is one
-line on standard error (exit 2), never a traceback or a usage block.
+line on standard error (exit 2), never a traceback or a usage block. ``run``, ``replay`` and
+``model-info`` need the ``dms`` extra (``pip install 'aio-dms[dms]'``); without it they are refused
+so, naming the module that is missing, and ``demo`` and ``--version`` still work.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import NoReturn
 
+from . import __version__
 from .dms.run_summary import summary_before_start
 from .exit_codes import ExitCode, stopped_exit_code
 from .stopping import Interrupted, Stopping
 
-__all__ = ["main"]
+__all__ = ["DMS_EXTRA", "main"]
+
+DMS_EXTRA = "pip install 'aio-dms[dms]'"
+"""What installs the DMS service's dependencies."""
+_DMS_COMMANDS = ("run", "replay", "model-info")
+_DMS_MODULES = (
+    "pipelines.dms.run",
+    "pipelines.dms.model",
+    "pipelines.dms.reference_model",
+    "hypercorn.config",  # imported by the health server as it starts
+)
+"""What the DMS commands import (all of the DMS service)."""
+_OWN_PACKAGES = ("aio_runtime", "transports", "pipelines")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,13 +41,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.REFUSED, f"{self.prog}: {message}\n")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
+def _missing_dms_dependency() -> str | None:
+    """The module that the DMS commands import and is not installed (the first their imports
+    reach; its top-level package), or None when nothing is missing. A module of this project's
+    own that does not import is a broken installation, not a missing extra: that error
+    propagates."""
     try:
-        return version("aio-dms")
-    except PackageNotFoundError:
-        return "unknown"
+        for module in _DMS_MODULES:
+            importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if not missing or missing in _OWN_PACKAGES:
+            raise
+        return missing  # what a distribution installs: ``hypercorn`` for ``hypercorn.config``
+    return None
 
 
 def _model_info(model: str | None) -> int:
@@ -57,9 +80,10 @@ def _model_info(model: str | None) -> int:
     return ExitCode.OK
 
 
-def _parser() -> argparse.ArgumentParser:
-    from .dms.run import add_arguments
-
+def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``with_dms``: the DMS service is installed (without it, ``run`` and
+    ``replay`` take none of its options, and the DMS commands' help says what to install)."""
+    needs = "" if with_dms else f" (needs the dms extra: {DMS_EXTRA})"
     parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
@@ -67,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         "or model-info of a model that fails its check, 2 refused before work started, 130 a "
         "replay interrupted, or a second signal.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser(
         "demo",
@@ -77,20 +101,19 @@ def _parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser(
         "run",
         help="run the DMS service (defaults: synthetic camera, the bundled reference model, "
-        "the simulated accelerator)",
+        "the simulated accelerator)" + needs,
     )
-    add_arguments(run_parser, "run")
     replay = commands.add_parser(
         "replay",
         help="replay a recording or a video through the service as fast as it goes, losing "
-        "nothing: each stage waits for the next, and the sinks for their readers",
+        "nothing: each stage waits for the next, and the sinks for their readers" + needs,
     )
     replay.add_argument("input", metavar="INPUT", help="a recording of ours or a video file")
-    add_arguments(replay, "replay")
     model_info = commands.add_parser(
         "model-info",
         help="print a DMS model's contract as JSON: inputs with shapes and dtypes, the output, "
-        "the output slices as [start, stop]; the model is checked as the service would load it",
+        "the output slices as [start, stop]; the model is checked as the service would load it"
+        + needs,
     )
     model_info.add_argument(
         "--model",
@@ -98,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
         help="an ONNX model with openpilot's driver-monitoring contract (default: the untrained "
         "reference model, built on first use)",
     )
+    if with_dms:
+        from .dms.run import add_arguments
+
+        add_arguments(run_parser, "run")
+        add_arguments(replay, "replay")
     from .dms.report.command import add_arguments as add_report_arguments
 
     add_report_arguments(
@@ -170,12 +198,24 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped_before_work(argv)
 
 
+def _needs_extra(command: str, missing: str) -> int:
+    print(
+        f"aio-dms {command}: the DMS service needs the dms extra, which is not installed "
+        f"(no module named {missing!r}): {DMS_EXTRA}",
+        file=sys.stderr,
+    )
+    return ExitCode.REFUSED
+
+
 def _main(argv: list[str], stopping: Stopping) -> int:
-    parser = _parser()
+    missing = _missing_dms_dependency()
+    if missing is not None and argv and argv[0] in _DMS_COMMANDS:
+        return _needs_extra(argv[0], missing)
+    parser = _parser(with_dms=missing is None)
     if not argv:
         parser.print_usage(sys.stderr)
-        parser.error("a command is required (demo, run, replay or model-info)")
-    args = parser.parse_args(_values_may_be_negative(argv))
+        parser.error("a command is required (demo, run, replay, model-info or report)")
+    args = parser.parse_args(_values_may_be_negative(argv) if missing is None else argv)
     if args.command == "demo":
         from .demo import main as demo_main
 
@@ -183,6 +223,10 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     if args.command == "model-info":
         return _model_info(args.model)
     if args.command == "report":
+        try:  # its pictures need the extra too
+            importlib.import_module("matplotlib")
+        except ModuleNotFoundError:
+            return _needs_extra("report", "matplotlib")
         from .dms.report.command import report
 
         return report(args)

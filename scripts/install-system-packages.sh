@@ -6,7 +6,7 @@ set -euo pipefail
 # umockdev, libumockdev0, gir1.2-umockdev-1.0: an emulated USB device behind real libusb, for the
 # emulated-USB tests (tests/umockdev, run under umockdev-wrapper).
 # libgirepository1.0-dev, libcairo2-dev, pkg-config: to build PyGObject ("PyGObject<3.51", the
-# `test` extra) from source; it reaches umockdev through GObject introspection.
+# `umockdev` extra) from source; it reaches umockdev through GObject introspection.
 packages=(
   libusb-1.0-0
   umockdev libumockdev0 gir1.2-umockdev-1.0
