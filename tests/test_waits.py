@@ -284,6 +284,30 @@ async def test_yield_first_lets_the_producer_run_before_the_first_read(yield_fir
     assert state["reads"] == reads
 
 
+async def test_an_async_read_whose_deadline_passed_before_it_was_made_is_not_made_after():
+    """Yielding first, the deadline can pass before the first read (here the frame's budget was
+    spent before the wait began): a timeout that observed nothing, the read never started."""
+    reads = 0
+
+    async def fence() -> int:
+        nonlocal reads
+        reads += 1
+        return 0
+
+    async with virtual_time():
+        with pytest.raises(BudgetExhausted) as info, deadline_scope(0.01, name="frame"):
+            await anyio.sleep(0.02)
+            await wait_until(
+                fence,
+                lambda value: value - 1 >= 0,  # arithmetic: only a number will do
+                awaited="chunk fence >= 1",
+                error=SignalTimeout,
+                timeout=1.0,
+                policy=PollPolicy(yield_first=True),
+            )
+    assert reads == 0 and "observed nothing (never read)" in str(info.value)
+
+
 def test_poll_policy_intervals_spin_then_grow_to_the_cap():
     policy = PollPolicy(spin=2, first_interval=0.001, max_interval=0.004, factor=2)
     intervals = policy.intervals()

@@ -305,10 +305,14 @@ async def wait_until(
             else:
                 await anyio.sleep(min(delay, bound.at - t))
     if scope.cancelled_caught and not probe_is_async:
-        value = probe()
-        if predicate(value):
+        value = probe()  # a plain read: one last look (the deadline may have passed before any)
+        if inspect.isawaitable(value):  # an async read, not made before the deadline: not after
+            if inspect.iscoroutine(value):
+                value.close()
+        elif predicate(value):
             return bound.step_done(value)
-        bound.note(awaited, expected, value)
+        else:
+            bound.note(awaited, expected, value)
     raise bound.timed_out()
 
 
