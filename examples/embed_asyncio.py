@@ -1,10 +1,10 @@
 """Embedding the DMS service in a plain asyncio application.
 
-The application's own tasks read every published driverStateV2 message and every availability
-transition, beside whatever else the application does on its event loop. The service runs
-on the embedded defaults (synthetic camera, the bundled reference model, the simulated accelerator)
-with a GPU hang scripted at frame 30, so the application sees the service become unavailable and
-come back.
+The application starts the service, learns where it listens, and follows it in tasks of its own
+(beside whatever else it does on its event loop): one prints every availability transition, the
+other reads every published driverStateV2 message. The service runs on the embedded defaults
+(synthetic camera, the bundled reference model, the simulated accelerator) with no frame limit and
+a GPU hang scripted at frame 30; once the messages say it has recovered, the application stops it.
 
     python examples/embed_asyncio.py
 """
@@ -12,36 +12,54 @@ come back.
 from __future__ import annotations
 
 import asyncio
+import sys
 
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.service import DmsService
+from pipelines.dms import Availability, DmsService, FaultSpec, ServiceConfig, StartupError
 
 
-async def main() -> None:
-    config = ServiceConfig(frames=80, faults="gpu-hang@30+10", health_port=None)
+async def print_transitions(service: DmsService) -> None:
+    with service.transitions() as stream:  # the current state first, then every change
+        async for transition in stream:
+            print("availability:", transition.current, flush=True)
+
+
+async def read_until_recovered(service: DmsService) -> tuple[int, int]:
+    """Count valid and invalid messages until the service is available again after the hang."""
     valid = invalid = 0
-    async with DmsService(config) as service:
+    hung = False
+    async for message in service.messages():
+        if message.valid:
+            valid += 1
+        else:
+            invalid += 1
+        if message.reason_kind == "gpu-queue" and not hung:  # the accelerator's queue timed out
+            hung = True
+            print(f"frame {message.frame_id}: {message.availability}, {message.reason_kind}")
+        elif hung and message.availability is Availability.AVAILABLE:
+            print(f"frame {message.frame_id}: available again")
+            break
+    return valid, invalid
 
-        async def messages() -> None:
-            nonlocal valid, invalid
-            async for message in service.messages():
-                if message.valid:
-                    valid += 1
-                else:
-                    invalid += 1
 
-        async def transitions() -> None:
-            with service.transitions() as stream:
-                async for transition in stream:
-                    print("availability:", transition.current, flush=True)
-
-        tasks = [asyncio.create_task(job()) for job in (messages, transitions)]
-        await service.finished()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    print(f"messages: {valid} valid, {invalid} invalid")
+async def main() -> int:
+    hang = FaultSpec("gpu-hang", start=30, frames=10)  # the text form: "gpu-hang@30+10"
+    config = ServiceConfig(faults=(hang,), health_port=0)
+    try:
+        async with DmsService(config) as service:  # leaving the block stops the service
+            for line in (await service.started()).lines():
+                print(line)  # health: http://127.0.0.1:PORT/ (the port the system chose)
+            watching = asyncio.create_task(print_transitions(service))
+            try:
+                async with asyncio.timeout(60):  # an application bounds what it waits for
+                    valid, invalid = await read_until_recovered(service)
+            finally:
+                watching.cancel()
+    except StartupError as exc:  # the only error starting raises; .setting names what to change
+        print(f"the DMS service could not start: {exc} (setting: {exc.setting})", file=sys.stderr)
+        return 2
+    print(f"stopped; messages: {valid} valid, {invalid} invalid")
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -313,9 +313,10 @@ async def test_sinks_opened_before_one_that_fails_are_closed_and_their_address_i
     chosen.close(timeout=0)
     service = DmsService(ServiceConfig(zmq=address, jsonl=str(fifo), health_port=None, **CPU))
     with anyio.fail_after(30):
-        with pytest.raises(StartupError, match="a FIFO that no one reads"):
+        with pytest.raises(StartupError, match="a FIFO that no one reads") as refused:
             async with service:
                 pass
+    assert refused.value.setting == "jsonl"
     again = ZmqSink(address)  # AddressInUse while the first sink's socket is bound
     again.close(timeout=0)
     assert f"zmq {address}" in [sink.name for sink in service.summary.sinks]  # its counts

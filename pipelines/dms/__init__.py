@@ -19,4 +19,88 @@ deadlines, with an honest availability state. Modules:
 - ``config`` (with ``config_values``): every setting, declared once;
 - ``faults``: scripted faults; ``service``: the service; ``run`` (with ``run_summary``):
   ``aio-dms run`` and ``replay``.
+
+What an embedding application needs is exported here, ``from pipelines.dms import DmsService,
+ServiceConfig, ...``; each name is imported from its module when first asked for, so importing
+this package (or any module of it) costs nothing of the service's.
 """
+
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from aio_runtime import Availability, AvailabilityState, Reason, Transition
+
+    from .camera import Frame
+    from .camera_replay import ReplayCamera, record_frames
+    from .camera_sources import CalibrationSample, FrameSource
+    from .camera_synthetic import SyntheticCalibration, SyntheticCamera
+    from .camera_video import VideoFileCamera
+    from .config import CameraFile, DeviceKind, Mode, ServiceConfig, Synthetic
+    from .endpoints import HealthState
+    from .faults import FaultSpec, parse_faults
+    from .messages import DriverStateV2
+    from .publish import SubscriptionStalled
+    from .service import BoundEndpoints, DmsService, StartupError, Summary
+    from .service._backends import TransportOpener
+
+__all__ = [
+    "Availability",
+    "AvailabilityState",
+    "BoundEndpoints",
+    "CalibrationSample",
+    "CameraFile",
+    "DeviceKind",
+    "DmsService",
+    "DriverStateV2",
+    "FaultSpec",
+    "Frame",
+    "FrameSource",
+    "HealthState",
+    "Mode",
+    "Reason",
+    "ReplayCamera",
+    "ServiceConfig",
+    "StartupError",
+    "SubscriptionStalled",
+    "Summary",
+    "Synthetic",
+    "SyntheticCalibration",
+    "SyntheticCamera",
+    "Transition",
+    "TransportOpener",
+    "VideoFileCamera",
+    "parse_faults",
+    "record_frames",
+]
+
+_HOMES = {
+    "aio_runtime": ("Availability", "AvailabilityState", "Reason", "Transition"),
+    ".camera": ("Frame",),
+    ".camera_replay": ("ReplayCamera", "record_frames"),
+    ".camera_sources": ("CalibrationSample", "FrameSource"),
+    ".camera_synthetic": ("SyntheticCalibration", "SyntheticCamera"),
+    ".camera_video": ("VideoFileCamera",),
+    ".config": ("CameraFile", "DeviceKind", "Mode", "ServiceConfig", "Synthetic"),
+    ".endpoints": ("HealthState",),
+    ".faults": ("FaultSpec", "parse_faults"),
+    ".messages": ("DriverStateV2",),
+    ".publish": ("SubscriptionStalled",),
+    ".service": ("BoundEndpoints", "DmsService", "StartupError", "Summary"),
+    ".service._backends": ("TransportOpener",),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+if not typing.TYPE_CHECKING:  # to type checkers, the names are the imports above
+
+    def __getattr__(name: str) -> object:
+        module = _HOME_OF.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value  # asked for once
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -13,7 +13,9 @@ when enabled: base64 of the little-endian float32 output). Added here:
   when it was recorded (its ``timestampSof`` / ``timestampEof`` are re-timed onto the service's
   clock);
 - ``frameAge``: seconds from start of frame to publication;
-- ``availability`` (``available`` / ``degraded`` / ``unavailable``) and ``reason``;
+- ``availability`` (``available`` / ``degraded`` / ``unavailable``; in Python the
+  :class:`~aio_runtime.Availability` member, as transitions carry it), ``reason`` (empty when there
+  is none) and ``reasonKind`` (the reason's kind, e.g. ``gpu-queue``; null when there is none);
 - ``readiness``: the five readiness layers (device online, firmware ready, queue submittable,
   task complete, output valid), each true or false;
 - ``valid``: true only when the frame was fresh, the calibration valid, the output valid and the
@@ -37,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from aio_runtime import Availability, Readiness, ReadinessLayer
+from aio_runtime import Availability, Readiness, ReadinessLayer, Reason
 
 __all__ = [
     "DRIVER_FIELDS",
@@ -124,6 +126,12 @@ class DriverStateV2:
         if self.valid and (self.left_driver_data is None or self.right_driver_data is None):
             raise ValueError("a valid message carries driver data for both sides")
 
+    @property
+    def reason_kind(self) -> str | None:
+        """What the reason is about (:attr:`aio_runtime.Reason.kind`: ``gpu-queue``, ``camera``,
+        ``frame budget``...); None when there is no reason."""
+        return Reason.of(self.reason).kind if self.reason else None
+
     def to_record(self) -> dict[str, Any]:
         """The JSON record (camelCase), the same for every sink."""
         record: dict[str, Any] = {
@@ -135,6 +143,7 @@ class DriverStateV2:
             "valid": self.valid,
             "availability": self.availability.value,
             "reason": self.reason,
+            "reasonKind": self.reason_kind,
             "readiness": {name: bool(self.readiness[name]) for name in READINESS_LAYERS},
             "modelExecutionTime": self.model_execution_time,
             "gpuExecutionTime": self.gpu_execution_time,

@@ -25,7 +25,7 @@ No sink's ``publish`` blocks. Every sink counts in one shape (:class:`SinkStats`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import anyio
 
@@ -75,6 +75,10 @@ class Sinks:
 
     def add(self, sink: Sink) -> None:
         self._sinks.append(sink)
+
+    def __iter__(self) -> Iterator[Sink]:
+        """The sinks, in the order they were added."""
+        return iter(self._sinks)
 
     def publish(self, message: DriverStateV2) -> None:
         for sink in self._sinks:

@@ -126,6 +126,8 @@ async def _serve(
     with stopping.calling(stop):
         with scope:
             async with service, anyio.create_task_group() as tg:
+                for line in (await service.started()).lines():
+                    print(line, file=sys.stderr)  # where it listens, as bound
                 if config.mode is Mode.REPLAY and sys.stderr.isatty():
                     tg.start_soon(_show_progress, service, sys.stderr)
                 await service.finished()
@@ -164,7 +166,8 @@ def run(
     **fixed: Any,
 ) -> int:
     """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
-    the summary at the end, on standard output (standard error when the messages go there);
+    where it listens at the start, on standard error (``health: http://HOST:PORT/``, ``zmq:
+    ADDRESS``); the summary at the end, on standard output (standard error when the messages go there);
     the exit code. A signal before the service has started raises
     :class:`~pipelines.stopping.Interrupted` (the entry point reports it, with
     :func:`~pipelines.dms.run_summary.summary_before_start`)."""

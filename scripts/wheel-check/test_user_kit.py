@@ -14,8 +14,7 @@ import pytest
 
 import aio_runtime as rt
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.service import DmsService
+from pipelines.dms import DmsService, ServiceConfig
 
 FRAMES = 60
 HANG_AT = 20

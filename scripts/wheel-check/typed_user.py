@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from aio_runtime import Availability
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.service import DmsService, Summary
+from pipelines.dms import DmsService, ServiceConfig, Summary
 
 
 async def valid_messages(config: ServiceConfig) -> tuple[int, Summary]:

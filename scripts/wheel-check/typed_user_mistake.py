@@ -4,7 +4,7 @@ mistake would pass unseen."""
 
 from __future__ import annotations
 
-from pipelines.dms.service import Summary
+from pipelines.dms import Summary
 
 
 def frames_received(summary: Summary) -> str:

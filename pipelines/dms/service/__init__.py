@@ -35,6 +35,7 @@ from ..camera_synthetic import SyntheticCalibration
 from ..config import Mode, ServiceConfig
 from ..endpoints import HealthState, create_app
 from ..messages import DriverStateV2, readiness_record
+from ..publish import ZmqSink
 from ._backends import TransportOpener
 from ._calibration import CalibrationState
 from ._camera import Camera
@@ -45,21 +46,24 @@ from ._platform import loop_kept_off
 from ._policy import FramePolicy
 from ._stages import Decode, Model, Warp, Warpers, run_stages
 from ._startup import (
+    BoundEndpoints,
     StartupError,
-    describe,
     load_model,
     ready_for_frames,
+    refused,
     serve_health,
     started_group,
 )
 
-__all__ = ["DmsService", "StartupError", "Summary"]
+__all__ = ["BoundEndpoints", "DmsService", "StartupError", "Summary"]
 
 
 class DmsService:
-    """``async with DmsService(config) as service:`` runs it; ``service.messages()`` and
+    """``async with DmsService(config) as service:`` runs it (leaving the block stops it);
+    ``await service.started()`` says where it listens; ``service.messages()`` and
     ``service.transitions()`` follow it; ``await service.finished()`` waits for the end (frames
-    or duration reached, or the camera's end).
+    or duration reached, or the camera's end). Entering raises :class:`StartupError`, and only
+    that, for a service that cannot start.
 
     ``source``: frames from this source instead of ``config.camera``; ``calibration``: samples
     from this stream instead of the synthetic one (with no static ``config.calib``);
@@ -96,6 +100,10 @@ class DmsService:
         )
         self.metrics = self.outcomes.metrics
         self.health_port: int | None = None
+        """The health endpoints' port, once bound (None: not yet, or off)."""
+        self._started = anyio.Event()
+        self._bound: BoundEndpoints | None = None
+        self._start_failure: StartupError | None = None
         self._done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._camera: Camera | None = None
@@ -112,21 +120,37 @@ class DmsService:
     async def __aenter__(self) -> DmsService:
         """Start: check the machine's side of the config, open the sinks, bind the health port,
         load the model — then take frames. :class:`StartupError` for the first that fails."""
+        try:
+            await self._start_up()
+        except StartupError as exc:
+            self._start_failure = exc
+            raise
+        except BaseException:
+            self._start_failure = StartupError("the service was stopped before it had started")
+            raise
+        finally:
+            self._started.set()
+        return self
+
+    async def _start_up(self) -> None:
         cfg = self.config
         try:
-            try:
+            with refused():
                 cfg.check_environment()
-                self.outcomes.open_sinks(
-                    zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote
-                )
-            except (ValueError, OSError) as exc:
-                raise StartupError(describe(exc)) from exc
+            with refused("zmq"):
+                self.outcomes.open_sinks(zmq=cfg.zmq, allow_remote=cfg.allow_remote)
+            with refused("jsonl"):
+                self.outcomes.open_sinks(jsonl=cfg.jsonl)
             self._tg = await started_group(self._run)
         except BaseException:  # the sinks opened so far (say, one before one that failed)
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
             raise
-        return self
+        zmq = next(
+            (sink.address for sink in self.outcomes.sinks if isinstance(sink, ZmqSink)), None
+        )
+        health = cfg.health_host if self.health_port is not None else None
+        self._bound = BoundEndpoints(health_host=health, health_port=self.health_port, zmq=zmq)
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
         assert self._tg is not None
@@ -137,7 +161,19 @@ class DmsService:
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
 
+    async def started(self) -> BoundEndpoints:
+        """Where the service listens, once it has started (at once inside ``async with``; another
+        task may wait for it). :class:`StartupError` if it could not start, or was stopped before
+        it had."""
+        await self._started.wait()
+        if self._bound is None:
+            failure = self._start_failure
+            assert failure is not None
+            raise StartupError(str(failure), setting=failure.setting) from failure
+        return self._bound
+
     async def finished(self) -> Summary:
+        """The summary, once the service has ended (by itself, or stopped)."""
         await self._done.wait()
         return self.summary
 

@@ -3,13 +3,16 @@
 Everything the service needs before it takes its first frame is checked or opened first — the
 machine's side of the config, the sinks, the health endpoints' port, the model and its contract —
 and a failure of any of them is one :class:`StartupError` out of ``async with DmsService(...)``
-(never an exception group), naming the setting that changes it.
+(never an exception group), naming the setting that changes it. Once started, the service says
+where it listens: :class:`BoundEndpoints`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -24,10 +27,12 @@ from ._device import ModelDevice
 from ._stages import Warpers, plan_warps
 
 __all__ = [
+    "BoundEndpoints",
     "StartupError",
     "describe",
     "load_model",
     "ready_for_frames",
+    "refused",
     "serve_health",
     "started_group",
     "startup_error",
@@ -43,6 +48,42 @@ class StartupError(Exception):
         super().__init__(message)
         self.message = message
         self.setting = setting
+
+
+@dataclass(frozen=True)
+class BoundEndpoints:
+    """Where a started service listens, as bound (the port chosen where port 0 was asked for);
+    None for an endpoint that is off."""
+
+    health_host: str | None = None
+    """The address of the health and metrics endpoints."""
+    health_port: int | None = None
+    zmq: str | None = None
+    """The ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:9031``."""
+
+    @property
+    def health_url(self) -> str | None:
+        """``http://HOST:PORT/``: the health endpoints (``v2/health/ready``...) and ``metrics``
+        below it."""
+        if self.health_host is None or self.health_port is None:
+            return None
+        host = f"[{self.health_host}]" if ":" in self.health_host else self.health_host
+        return f"http://{host}:{self.health_port}/"
+
+    def lines(self) -> list[str]:
+        """One line per endpoint that is on: ``health: http://...``, ``zmq: tcp://...``."""
+        found = [("health", self.health_url), ("zmq", self.zmq)]
+        return [f"{name}: {where}" for name, where in found if where is not None]
+
+
+@contextlib.contextmanager
+def refused(setting: str | None = None) -> Iterator[None]:
+    """A :class:`ValueError` or :class:`OSError` inside, as the :class:`StartupError` for
+    ``setting``."""
+    try:
+        yield
+    except (ValueError, OSError) as exc:
+        raise StartupError(describe(exc), setting=setting) from exc
 
 
 def describe(error: BaseException) -> str:
@@ -72,7 +113,8 @@ async def started_group(
     run: Callable[..., Coroutine[Any, Any, None]],
 ) -> anyio.abc.TaskGroup:
     """A task group running ``run`` once it has started (``task_status.started()``); what fails
-    before that is raised as its :class:`StartupError` (the group is closed), not as a group."""
+    before that is raised as one :class:`StartupError` (the group is closed), not as a group: the
+    one it holds, or one for any other error (a cancellation stays a cancellation)."""
     tg = anyio.create_task_group()
     await tg.__aenter__()
     try:
@@ -81,9 +123,11 @@ async def started_group(
         tg.cancel_scope.cancel()
         await tg.__aexit__(None, None, None)
         found = startup_error(exc)
-        if found is None:
-            raise
-        raise found.with_traceback(None) from found.__cause__
+        if found is not None:
+            raise found.with_traceback(None) from found.__cause__
+        if isinstance(exc, Exception):
+            raise StartupError(f"could not start: {describe(exc)}") from exc
+        raise
     return tg
 
 
