@@ -6,7 +6,7 @@ and what was awaited. The core knows nothing about USB, GPUs or faces; ``transpo
 """
 
 from ._core._allocator import AllocatorStatistics, Range, RangeAllocator
-from ._core._bounds import BoundArgs, WaitBound
+from ._core._bounds import BoundArgs, OwnBound, SharedBound, WaitBound
 from ._core._clock import (
     Deadline,
     current_deadline,
@@ -57,13 +57,12 @@ from ._core._ownership import (
     current_ledger,
     use_ledger,
 )
+from ._core._policy import DEFAULT_POLICY, PollPolicy
 from ._core._resources import AsyncResource, ExcInfo
 from ._core._signals import Fence, TimelineSignal, serial_reached
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
 from ._core._threads import PendingCall, WorkerThread, run_in_thread
 from ._core._waits import (
-    DEFAULT_POLICY,
-    PollPolicy,
     ProbeArgs,
     drain,
     pause,
@@ -103,6 +102,7 @@ __all__ = [
     "ModelTimeout",
     "OutOfMemory",
     "Owned",
+    "OwnBound",
     "PcieRequestTimeout",
     "PollPolicy",
     "ProbeArgs",
@@ -114,6 +114,7 @@ __all__ = [
     "RegisterFile",
     "RollbackFailed",
     "RuntimeFault",
+    "SharedBound",
     "SignalTimeout",
     "Stages",
     "Supervisor",

@@ -18,9 +18,10 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from ._bounds import WaitBound
+from ._bounds import BoundArgs, WaitBound
 from ._errors import HardwareTimeout, Layer, SignalTimeout
-from ._waits import DEFAULT_POLICY, PollPolicy, wait_until
+from ._policy import DEFAULT_POLICY, PollPolicy
+from ._waits import probe_until
 from ._watcher import MemoryWatcher
 
 __all__ = ["Fence", "TimelineSignal", "serial_reached"]
@@ -154,20 +155,30 @@ class TimelineSignal:
         if awaited is None:
             compare = " (low 32 bits)" if self.compare_bits == 32 else ""
             awaited = f"timeline signal {self.name!r} >= {target}{compare}"
+        bounding: BoundArgs
+        if within is None:
+            bounding = {
+                "awaited": awaited,
+                "error": self.error,
+                "timeout": timeout,
+                "layer": self.layer,
+            }
+        elif timeout is not None:
+            raise TypeError("pass either timeout= or within=, not both")
+        else:
+            bounding = {"awaited": awaited, "within": within}
         probe = self._remote if self._remote is not None else self._word.item
-        return await wait_until(
+        observed: int = await probe_until(
+            "TimelineSignal.wait",
             probe,  # a plain read of the word as a Python int, or the async read
             lambda v: self.reached(target, v),
-            awaited=awaited,
-            error=self.error,
-            timeout=timeout,
-            layer=self.layer,
-            within=within,
+            bounding,
             expected=target,
             policy=self.policy,
             reset_on_progress=self.reset_on_progress,
             watcher=self.watcher,
         )
+        return observed
 
     def fence(self, target: int) -> Fence:
         return Fence(self, target)
