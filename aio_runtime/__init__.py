@@ -48,6 +48,7 @@ from ._core._health import (
 )
 from ._core._log import configure_logging, get_logger, log_context
 from ._core._mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
+from ._core._notifier import Notifier
 from ._core._ownership import (
     Ledger,
     LedgerEntry,
@@ -100,6 +101,7 @@ __all__ = [
     "MemoryRegisters",
     "MemoryWatcher",
     "ModelTimeout",
+    "Notifier",
     "OutOfMemory",
     "Owned",
     "OwnBound",

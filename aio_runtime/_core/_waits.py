@@ -23,7 +23,9 @@ with neither):
 * :func:`wait_until` — for a probe that must satisfy a predicate. A probe is a plain read (a memory
   word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
-  :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters.
+  :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters. A value that
+  only its owner writes and announces (a :class:`~aio_runtime.Notifier`) is not polled: the wait
+  sleeps until the announcement.
 * :class:`~aio_runtime.WaitBound` (its own module) — one bound over a sequence of steps (take a
   lock, write registers, poll a response): create it once, pass ``within=bound`` to the waits of
   the sequence and run its other steps with ``bound.run``, so the whole sequence shares one
@@ -48,6 +50,7 @@ from ._bounds import BoundArgs, OwnBound, SharedBound, WaitBound, resolve_bound
 from ._clock import now, validate_timeout
 from ._completion import Completion, Waitable
 from ._errors import BudgetExhausted, HardwareTimeout
+from ._notifier import Notifier
 from ._policy import DEFAULT_POLICY, PollPolicy, differs
 
 if TYPE_CHECKING:
@@ -193,6 +196,7 @@ class ProbeArgs(TypedDict, total=False):
     policy: PollPolicy
     reset_on_progress: bool
     watcher: MemoryWatcher | None
+    notifier: Notifier | None
 
 
 class _OwnBoundProbe(OwnBound, ProbeArgs, total=False):
@@ -239,6 +243,7 @@ async def wait_until(
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
     watcher: MemoryWatcher | None = None,
+    notifier: Notifier | None = None,
     **bounding: Unpack[BoundArgs],
 ) -> Any:
     """Read ``probe`` until ``predicate(value)`` holds; return that value.
@@ -256,7 +261,9 @@ async def wait_until(
     deadline scope is absolute and never moves.
 
     ``watcher``: probe on that watcher's thread instead of the loop (``probe`` must then be a plain
-    read); the waiting task is woken thread-safely.
+    read); the waiting task is woken thread-safely. ``notifier``: the value changes only when that
+    :class:`~aio_runtime.Notifier` says so, so between reads the wait sleeps until it does (or
+    until its bound) instead of following ``policy``.
     """
     return await probe_until(
         "wait_until",
@@ -267,6 +274,7 @@ async def wait_until(
         policy=policy,
         reset_on_progress=reset_on_progress,
         watcher=watcher,
+        notifier=notifier,
     )
 
 
@@ -280,11 +288,14 @@ async def probe_until(
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
     watcher: MemoryWatcher | None = None,
+    notifier: Notifier | None = None,
 ) -> Any:
     """:func:`wait_until` for the core's own waits that pass their :class:`BoundArgs` on as they
     received them; ``waiter`` names the public function in errors about its keywords."""
     if reset_on_progress and bounding.get("within") is not None:
         raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
+    if watcher is not None and notifier is not None:
+        raise TypeError("a value a notifier announces needs no watcher: pass one or the other")
     bound = resolve_bound(waiter, bounding)
     awaited = bounding["awaited"]
     bound.note(awaited, expected, _NOT_OBSERVED)
@@ -292,32 +303,42 @@ async def probe_until(
         return await _wait_watched(
             watcher, probe, predicate, bound, awaited, expected, reset_on_progress
         )
+    listener = None if notifier is None else notifier.listen()
     observed: Any = _NOT_OBSERVED
     probe_is_async = False
     intervals = policy.intervals()
-    with anyio.CancelScope(deadline=bound.at) as scope:
-        if policy.yield_first:
-            await anyio.lowlevel.checkpoint()
-        while True:
-            value = probe()
-            if inspect.isawaitable(value):
-                probe_is_async = True
-                value = await value
-            if predicate(value):
-                return bound.step_done(value)
-            if reset_on_progress and observed is not _NOT_OBSERVED and differs(value, observed):
-                bound.progress(now())
-                scope.deadline = bound.at
-            observed = value
-            bound.note(awaited, expected, observed)
-            t = now()
-            if t >= bound.at:
-                break
-            delay = next(intervals)
-            if delay == 0.0:
+    try:
+        with anyio.CancelScope(deadline=bound.at) as scope:
+            if policy.yield_first:
                 await anyio.lowlevel.checkpoint()
-            else:
-                await anyio.sleep(min(delay, bound.at - t))
+            while True:
+                if listener is not None:
+                    listener.arm()
+                value = probe()
+                if inspect.isawaitable(value):
+                    probe_is_async = True
+                    value = await value
+                if predicate(value):
+                    return bound.step_done(value)
+                if reset_on_progress and observed is not _NOT_OBSERVED and differs(value, observed):
+                    bound.progress(now())
+                    scope.deadline = bound.at
+                observed = value
+                bound.note(awaited, expected, observed)
+                t = now()
+                if t >= bound.at:
+                    break
+                if listener is not None:
+                    await listener.wait()
+                    continue
+                delay = next(intervals)
+                if delay == 0.0:
+                    await anyio.lowlevel.checkpoint()
+                else:
+                    await anyio.sleep(min(delay, bound.at - t))
+    finally:
+        if listener is not None:
+            listener.close()
     if scope.cancelled_caught and not probe_is_async:
         value = probe()
         if predicate(value):
