@@ -2,7 +2,8 @@
 
 * :func:`virtual_time` — a virtual clock for the running loop (asyncio or trio), so hardware
   timeouts of many seconds are tested in milliseconds, deterministically; with
-  ``hold=threads_busy()`` (asyncio), work the loop awaits on threads takes no virtual time.
+  ``hold=threads_busy()`` (asyncio), work the loop awaits on threads takes no virtual time (the
+  DMS service runs under ``virtual_time(autojump_threshold=0.005, hold=threads_busy())``).
 * :class:`ScriptedProbe`, :func:`play_script`, :class:`ScriptedFirmware`, :class:`Reply` —
   hardware that completes late, never, or partly, on a script.
 * :class:`TransitionRecorder` — every availability transition, in order.
