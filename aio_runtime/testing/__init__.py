@@ -10,7 +10,8 @@
 * :func:`capture_logs` — structlog events as dicts, context included.
 
 The pytest plugin (registered as ``aio_runtime``) adds the fixtures ``ledger`` (a fresh resource
-ledger, asserted empty at teardown) and ``captured_logs``.
+ledger, asserted empty at teardown) and ``captured_logs``, and warns about each ``anyio`` test that
+pytest-asyncio runs instead (``asyncio_mode = auto``: on asyncio, whatever its backend).
 """
 
 from ._recorder import TransitionRecorder, capture_logs
