@@ -37,7 +37,7 @@ def test_a_type_checker_refuses_a_wait_with_neither_bound_or_both(tmp_path):
             "--no-error-summary",
             "--cache-dir",
             str(tmp_path / "mypy"),
-            str(ROOT / "tests" / "typing" / "wait_bounds.py"),
+            str(ROOT / "tests" / "typed_calls" / "wait_bounds.py"),
         ]
     )
     assert (status, stdout, stderr) == (0, "", "")
