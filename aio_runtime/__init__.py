@@ -6,7 +6,7 @@ and what was awaited. The core knows nothing about USB, GPUs or faces; ``transpo
 """
 
 from ._core._allocator import AllocatorStatistics, Range, RangeAllocator
-from ._core._bounds import BoundArgs, WaitBound
+from ._core._bounds import BoundArgs, OwnBound, SharedBound, WaitBound
 from ._core._clock import (
     Deadline,
     current_deadline,
@@ -48,6 +48,7 @@ from ._core._health import (
 )
 from ._core._log import configure_logging, get_logger, log_context
 from ._core._mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
+from ._core._notifier import Notifier
 from ._core._ownership import (
     Ledger,
     LedgerEntry,
@@ -57,13 +58,12 @@ from ._core._ownership import (
     current_ledger,
     use_ledger,
 )
+from ._core._policy import DEFAULT_POLICY, PollPolicy
 from ._core._resources import AsyncResource, ExcInfo
 from ._core._signals import Fence, TimelineSignal, serial_reached
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
 from ._core._threads import PendingCall, WorkerThread, run_in_thread
 from ._core._waits import (
-    DEFAULT_POLICY,
-    PollPolicy,
     ProbeArgs,
     drain,
     pause,
@@ -105,8 +105,10 @@ __all__ = [
     "MemoryRegisters",
     "MemoryWatcher",
     "ModelTimeout",
+    "Notifier",
     "OutOfMemory",
     "Owned",
+    "OwnBound",
     "PcieRequestTimeout",
     "PollPolicy",
     "ProbeArgs",
@@ -118,6 +120,7 @@ __all__ = [
     "RegisterFile",
     "RollbackFailed",
     "RuntimeFault",
+    "SharedBound",
     "SignalTimeout",
     "Stages",
     "Supervisor",

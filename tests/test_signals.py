@@ -234,3 +234,92 @@ def test_a_signal_behind_an_async_read_has_no_value_to_look_at_nor_set():
     assert signal.reached(1, observed=1)
     with pytest.raises(ValueError, match="takes no memory"):
         TimelineSignal(bytearray(16), read=read)
+
+
+# -- a signal the host sets: woken by the set, never polled ------------------------------------
+
+
+class CountedSignal(TimelineSignal):
+    """A signal that counts its waits' reads: a wait checks each value it reads with reached()."""
+
+    reads = 0
+
+    def reached(self, target: int, observed: int | None = None) -> bool:
+        if observed is not None:
+            self.reads += 1
+        return super().reached(target, observed)
+
+
+async def test_a_host_set_wakes_a_3000_second_wait_which_reads_its_signal_at_most_twice():
+    signal = CountedSignal(name="compute")
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(play_script, signal, [(2999.0, 1)])
+        start = now()
+        assert await signal.wait(1, timeout=3000.0) == 1
+        assert now() - start == pytest.approx(2999.0)
+    assert signal.reads <= 2
+
+
+async def test_a_host_set_signal_that_is_never_set_is_read_at_the_start_and_at_the_bound():
+    signal = CountedSignal(name="compute")
+    async with virtual_time():
+        with pytest.raises(SignalTimeout) as info:
+            await signal.wait(1, timeout=3000.0)
+    assert signal.reads == 2
+    assert (info.value.expected, info.value.observed) == (1, 0)
+    assert info.value.elapsed == pytest.approx(3000.0)
+
+
+async def test_each_host_set_wakes_the_wait_once():
+    signal = CountedSignal(name="compute")
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(play_script, signal, [(1.0, 1), (2.0, 2), (3.0, 3)])
+        assert await signal.wait(3, timeout=10.0) == 3
+    assert signal.reads == 4  # the first read, then one per set
+
+
+async def test_a_set_from_another_thread_wakes_the_wait():
+    signal = CountedSignal(name="compute")
+    got = []
+
+    async def waiter() -> None:
+        got.append(await signal.wait(7, timeout=30.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()  # the wait has read 0 and sleeps
+        await anyio.to_thread.run_sync(signal.set, 7)
+    assert got == [7]
+    assert signal.reads == 2
+
+
+async def test_progress_by_the_host_restarts_an_inactivity_timeout():
+    signal = TimelineSignal(name="compute", reset_on_progress=True)
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(play_script, signal, [(2.0, 1), (4.0, 2)])
+        start = now()
+        with pytest.raises(SignalTimeout) as info:
+            await signal.wait(3, timeout=3.0)
+        assert now() - start == pytest.approx(7.0)  # 3 s after the last progress, at 4 s
+    assert info.value.observed == 2
+
+
+async def test_a_store_into_memory_the_device_writes_is_still_seen_by_polling():
+    memory = np.zeros(2, dtype=np.uint64)
+    signal = CountedSignal(memory, name="compute")
+
+    async def device() -> None:
+        await anyio.sleep(0.25)
+        memory[0] = 1  # a plain store: no set(), nothing announced
+
+    async with virtual_time(), anyio.create_task_group() as tg:
+        tg.start_soon(device)
+        assert await signal.wait(1, timeout=1.0) == 1
+    assert signal.reads > 2
+
+
+def test_a_signal_on_its_own_slot_takes_no_watcher():
+    from aio_runtime import MemoryWatcher
+
+    with MemoryWatcher("gpu") as watcher, pytest.raises(ValueError, match="written only by set"):
+        TimelineSignal(name="compute", watcher=watcher)

@@ -110,3 +110,56 @@ async def test_threads_busy_holds_for_a_live_worker_thread_entry_only():
         ledger.close(call)
         assert not busy()
     ledger.close(transfer)
+
+
+# -- a plain virtual_time() around work on threads: the timeout says what to do ------------------
+
+
+def _blocked_call_timing_out(hold) -> BaseException:
+    """A run_in_thread call that blocks until released, bounded by 1 s, under virtual time (with
+    ``hold``, or plain): the error that leaves the block."""
+    import asyncio
+    import threading
+
+    from aio_runtime import Ledger, ModelTimeout, run_in_thread, use_ledger
+
+    release = threading.Event()
+
+    async def main() -> None:
+        options = {} if hold is None else {"hold": hold(), "hold_limit": 0.05}
+        async with virtual_time(**options):
+            await run_in_thread(
+                lambda: release.wait(10), awaited="a blocking call", error=ModelTimeout, timeout=1
+            )
+
+    try:
+        with use_ledger(Ledger()):
+            asyncio.run(main())
+    except ModelTimeout as exc:
+        return exc
+    finally:
+        release.set()
+    raise AssertionError("the call did not time out")
+
+
+def test_a_timeout_after_the_clock_jumped_past_a_thread_names_the_recipe():
+    error = _blocked_call_timing_out(hold=None)
+    (note,) = [n for n in getattr(error, "__notes__", []) if "virtual time" in n]
+    assert "while work ran on a thread" in note
+    assert "virtual_time(autojump_threshold=0.005, hold=threads_busy())" in note
+
+
+def test_a_held_clock_that_gave_way_adds_no_note():
+    from aio_runtime.testing import threads_busy
+
+    error = _blocked_call_timing_out(hold=threads_busy)
+    assert not [n for n in getattr(error, "__notes__", []) if "virtual time" in n]
+
+
+async def test_a_timeout_with_no_thread_at_work_adds_no_note():
+    from aio_runtime import SignalTimeout, TimelineSignal
+
+    with pytest.raises(SignalTimeout) as info:
+        async with virtual_time():
+            await TimelineSignal(name="gpu").wait(1, timeout=30.0)
+    assert not getattr(info.value, "__notes__", [])

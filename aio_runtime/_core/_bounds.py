@@ -1,6 +1,7 @@
 """A wait's bound: its own timeout and the enclosing deadline scope, whichever comes first, and
 the typed error to raise when it is reached — one :class:`WaitBound` per wait, or one shared by the
-steps of a sequence, and the keywords every wait takes to make one (:class:`BoundArgs`)."""
+steps of a sequence, and the keywords every wait takes to make one (:class:`BoundArgs`, in one of
+two forms: :class:`OwnBound` or :class:`SharedBound`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import anyio
 from ._clock import Deadline, current_deadline, now, validate_timeout
 from ._errors import BudgetExhausted, HardwareTimeout, Layer, UnboundedWaitError
 
-__all__ = ["BoundArgs", "WaitBound"]
+__all__ = ["BoundArgs", "OwnBound", "SharedBound", "WaitBound"]
 
 T = TypeVar("T")
 
@@ -108,12 +109,33 @@ class WaitBound:
         )
 
 
+class OwnBound(TypedDict, total=False):
+    """A wait's own bound, as a caller writes it: ``awaited``, what the wait is for; ``error``, the
+    :class:`~aio_runtime.HardwareTimeout` subclass it raises; ``timeout`` in seconds (optional
+    inside a :func:`~aio_runtime.deadline_scope`, which bounds it too: the earlier wins);
+    ``layer``, by default the error's."""
+
+    awaited: Required[str]
+    error: Required[type[HardwareTimeout]]
+    timeout: float | None
+    layer: Layer | None
+
+
+class SharedBound(TypedDict):
+    """A bound shared with the other steps of a sequence, as a caller writes it: ``awaited``, what
+    this step is for, and ``within``, the :class:`WaitBound` (its error, timeout and layer apply)."""
+
+    awaited: str
+    within: WaitBound
+
+
 class BoundArgs(TypedDict, total=False):
     """The keywords that bound a wait (:func:`~aio_runtime.wait_complete`, :func:`~aio_runtime.wait_until`,
-    :func:`~aio_runtime.wait_register`, :func:`~aio_runtime.run_in_thread`): ``awaited``, what the
-    wait is for, and either its own bound — ``error`` (the :class:`~aio_runtime.HardwareTimeout`
-    subclass it raises), ``timeout`` and ``layer`` (by default the error's), as :class:`WaitBound`
-    takes them — or ``within``, a bound it shares with the other steps of a sequence."""
+    :func:`~aio_runtime.wait_register`, :func:`~aio_runtime.run_in_thread`), as the wait receives
+    them: ``awaited``, and the keywords of one of two forms — its own bound (:class:`OwnBound`:
+    ``error``, ``timeout``, ``layer``) or a shared one (:class:`SharedBound`: ``within``). Each of
+    those functions is typed with the two forms, so a type checker refuses a call that gives
+    neither or mixes them; :func:`resolve_bound` refuses it when the call runs."""
 
     awaited: Required[str]
     error: type[HardwareTimeout] | None
@@ -125,21 +147,35 @@ class BoundArgs(TypedDict, total=False):
 _BOUND_KEYS = frozenset(BoundArgs.__annotations__)
 
 
+def bound_forms(waiter: str) -> str:
+    """What ``waiter`` takes to be bounded, for its errors: the two forms of :class:`BoundArgs`."""
+    return (
+        f"{waiter}() takes either a bound of its own, error=<a HardwareTimeout subclass> with "
+        "timeout=<seconds> (or inside a deadline_scope), or one shared with other steps, "
+        "within=<a WaitBound>"
+    )
+
+
 def resolve_bound(waiter: str, bounding: BoundArgs) -> WaitBound:
     """The bound the wait ``waiter`` (a public function's name, for errors about its keywords)
     runs under, from its :class:`BoundArgs`: the shared one it was given (``within=``), or its
-    own, made now."""
+    own, made now. Keywords of both forms, or of neither, are a ``TypeError``."""
     if not bounding.keys() <= _BOUND_KEYS:
         unknown = sorted(bounding.keys() - _BOUND_KEYS)
         raise TypeError(f"{waiter}() got an unexpected keyword argument {unknown[0]!r}")
     if "awaited" not in bounding:
         raise TypeError(f"{waiter}() missing 1 required keyword-only argument: 'awaited'")
     awaited, within = bounding["awaited"], bounding.get("within")
-    timeout, error = bounding.get("timeout"), bounding.get("error")
+    timeout, error, layer = bounding.get("timeout"), bounding.get("error"), bounding.get("layer")
     if within is not None:
-        if timeout is not None:
-            raise TypeError("pass either timeout= or within=, not both")
+        mixed = [
+            name
+            for name, value in (("error", error), ("timeout", timeout), ("layer", layer))
+            if value is not None
+        ]
+        if mixed:
+            raise TypeError(f"{bound_forms(waiter)}, not both: got within= and {mixed[0]}=")
         return within
     if error is None:
-        raise TypeError("error= (a HardwareTimeout subclass) is required without within=")
-    return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=bounding.get("layer"))
+        raise TypeError(f"{bound_forms(waiter)}: got neither error= nor within=")
+    return WaitBound(awaited=awaited, error=error, timeout=timeout, layer=layer)

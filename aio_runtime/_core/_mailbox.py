@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, Unpack
+from typing import Protocol, Required, TypedDict, Unpack, overload
 
 import anyio
 import numpy as np
 
-from ._bounds import BoundArgs, WaitBound
+from ._bounds import BoundArgs, SharedBound, WaitBound
 from ._clock import validate_timeout
-from ._errors import FirmwareError, FirmwareTimeout, Layer
-from ._waits import DEFAULT_POLICY, PollPolicy, wait_until
+from ._errors import FirmwareError, FirmwareTimeout, HardwareTimeout, Layer
+from ._policy import DEFAULT_POLICY, PollPolicy
+from ._waits import probe_until, wait_until
 
 __all__ = ["Mailbox", "MailboxLayout", "MemoryRegisters", "RegisterFile", "wait_register"]
 
@@ -65,6 +66,39 @@ class MemoryRegisters:
         self.words[index] = value
 
 
+class _RegisterBound(TypedDict, total=False):
+    """:func:`wait_register`'s own bound: an :class:`OwnBound` whose error defaults."""
+
+    awaited: Required[str]
+    error: type[HardwareTimeout]
+    timeout: float | None
+    layer: Layer | None
+
+
+@overload
+async def wait_register(
+    registers: RegisterFile,
+    index: int,
+    *,
+    mask: int = ...,
+    value: int,
+    policy: PollPolicy = ...,
+    **bounding: Unpack[_RegisterBound],
+) -> int: ...
+
+
+@overload
+async def wait_register(
+    registers: RegisterFile,
+    index: int,
+    *,
+    mask: int = ...,
+    value: int,
+    policy: PollPolicy = ...,
+    **bounding: Unpack[SharedBound],
+) -> int: ...
+
+
 async def wait_register(
     registers: RegisterFile,
     index: int,
@@ -76,16 +110,19 @@ async def wait_register(
 ) -> int:
     """Poll a register until ``(register & mask) == value``; return the full register value.
 
-    Bounded by its :class:`~aio_runtime.BoundArgs`; ``error`` is :class:`FirmwareTimeout` unless
-    given."""
-    bounding.setdefault("error", FirmwareTimeout)
-    return await wait_until(
+    Bounded by its :class:`~aio_runtime.BoundArgs`: ``awaited``, and either a bound of its own
+    (``timeout``, ``layer``, and ``error``, :class:`FirmwareTimeout` unless given) or ``within``."""
+    if bounding.get("within") is None:
+        bounding.setdefault("error", FirmwareTimeout)
+    observed: int = await probe_until(
+        "wait_register",
         lambda: registers.read(index),
         lambda v: (v & mask) == value,
+        bounding,
         expected=value,
         policy=policy,
-        **bounding,
     )
+    return observed
 
 
 @dataclass(frozen=True)

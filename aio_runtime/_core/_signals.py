@@ -7,6 +7,12 @@ compare only the low 32 bits; ``compare_bits=32`` reproduces that (unsigned ``>=
 that wrapped past its target has reached it. A signal whose value the host cannot map — a register
 or a word of device memory reached over a bus — is read with an async probe instead (``read=``).
 
+A signal on its own slot (no ``memory`` given) is written by the host's :meth:`TimelineSignal.set`
+only, which wakes its waits: they read the value when they start, on each ``set`` and at their bound,
+so a long wait costs nothing while it sleeps (a 3000 s timeout under virtual time passes in
+microseconds). A signal on memory a device writes is probed (its ``policy``, or its ``watcher``):
+a plain store announces nothing.
+
 Waits are absolute by default: ``timeout`` is wall-clock time from the call. ``reset_on_progress``
 gives tinygrad's inactivity semantics (the timer restarts whenever the value moves), still capped by
 any enclosing deadline scope.
@@ -18,9 +24,11 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from ._bounds import WaitBound
+from ._bounds import BoundArgs, WaitBound
 from ._errors import HardwareTimeout, Layer, SignalTimeout
-from ._waits import DEFAULT_POLICY, PollPolicy, wait_until
+from ._notifier import Notifier
+from ._policy import DEFAULT_POLICY, PollPolicy
+from ._waits import probe_until
 from ._watcher import MemoryWatcher
 
 __all__ = ["Fence", "TimelineSignal", "serial_reached"]
@@ -45,8 +53,10 @@ class TimelineSignal:
     """A monotonically advancing 64-bit value in shared memory, or behind an async read.
 
     ``memory`` is any writable buffer (a numpy array, ``bytearray``, ``memoryview``) that the device
-    — or the simulator, or another thread — writes; by default a private 16-byte slot. The signal
-    holds a view, not a copy: stores to the buffer are seen by :attr:`value` immediately.
+    — or the simulator, or another thread — writes; waits probe it. The signal holds a view, not a
+    copy: stores to the buffer are seen by :attr:`value` immediately. By default the signal has a
+    private 16-byte slot instead, which only :meth:`set` writes: its waits are woken by ``set``
+    (from any thread) and never poll, so it takes no ``watcher``.
 
     ``read`` instead: an async read of the value (a register or a word of device memory over a
     bus), which every probe of a wait awaits; :meth:`read` reads it once. Such a signal has no
@@ -81,6 +91,7 @@ class TimelineSignal:
         self.layer = layer
         self.error = error
         self._remote = read
+        self._notifier: Notifier | None = None
         if read is not None:
             if memory is not None or offset or watcher is not None:
                 raise ValueError(
@@ -90,6 +101,14 @@ class TimelineSignal:
             return
         if offset < 0 or offset % 8:
             raise ValueError(f"offset must be a non-negative multiple of 8, got {offset!r}")
+        if memory is None:
+            if watcher is not None:
+                raise ValueError(
+                    f"signal {name!r}: a watcher probes memory a device writes; the signal's own "
+                    "slot is written only by set(), which wakes its waits (give the device's "
+                    "memory, or no watcher)"
+                )
+            self._notifier = Notifier()
         buffer = np.zeros(2, dtype=_U64) if memory is None else memory
         try:
             word = np.frombuffer(buffer, dtype=_U64, count=1, offset=offset)  # type: ignore[call-overload]
@@ -118,10 +137,13 @@ class TimelineSignal:
         return int(self._memory()[0]) if self._remote is None else await self._remote()
 
     def set(self, value: int) -> None:
-        """Host-side store (what a device's release/fence write does)."""
+        """Host-side store (what a device's release/fence write does). On the signal's own slot it
+        wakes the waits, from any thread; a wait on a device's memory sees it at its next probe."""
         if not 0 <= value <= _MAX64:
             raise ValueError(f"signal value must fit in 64 bits unsigned, got {value!r}")
         self._memory()[0] = value
+        if self._notifier is not None:
+            self._notifier.notify()
 
     def reached(self, target: int, observed: int | None = None) -> bool:
         """Whether ``observed`` (default: the current value) satisfies ``>= target``: on the low
@@ -154,20 +176,31 @@ class TimelineSignal:
         if awaited is None:
             compare = " (low 32 bits)" if self.compare_bits == 32 else ""
             awaited = f"timeline signal {self.name!r} >= {target}{compare}"
+        bounding: BoundArgs
+        if within is None:
+            bounding = {
+                "awaited": awaited,
+                "error": self.error,
+                "timeout": timeout,
+                "layer": self.layer,
+            }
+        elif timeout is not None:
+            raise TypeError("pass either timeout= or within=, not both")
+        else:
+            bounding = {"awaited": awaited, "within": within}
         probe = self._remote if self._remote is not None else self._word.item
-        return await wait_until(
+        observed: int = await probe_until(
+            "TimelineSignal.wait",
             probe,  # a plain read of the word as a Python int, or the async read
             lambda v: self.reached(target, v),
-            awaited=awaited,
-            error=self.error,
-            timeout=timeout,
-            layer=self.layer,
-            within=within,
+            bounding,
             expected=target,
             policy=self.policy,
             reset_on_progress=self.reset_on_progress,
             watcher=self.watcher,
+            notifier=self._notifier,
         )
+        return observed
 
     def fence(self, target: int) -> Fence:
         return Fence(self, target)

@@ -25,9 +25,9 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Collection
-from typing import TypeVar, Unpack
+from typing import TypeVar, Unpack, overload
 
-from ._bounds import BoundArgs, resolve_bound
+from ._bounds import BoundArgs, OwnBound, SharedBound, resolve_bound
 from ._clock import validate_timeout
 from ._completion import Completion
 from ._ownership import LedgerKind, current_ledger
@@ -103,6 +103,30 @@ def _no_stop_request() -> None:
     """For calls that cannot be asked to stop: they end by their own timeout."""
 
 
+@overload
+async def run_in_thread(
+    fn: Callable[[], T],
+    *,
+    cancel: Callable[[], object] | None = None,
+    drain_timeout: float = 1.0,
+    worker: WorkerThread | None = None,
+    submitted: Callable[[PendingCall], object] | None = None,
+    **bounding: Unpack[OwnBound],
+) -> T: ...
+
+
+@overload
+async def run_in_thread(
+    fn: Callable[[], T],
+    *,
+    cancel: Callable[[], object] | None = None,
+    drain_timeout: float = 1.0,
+    worker: WorkerThread | None = None,
+    submitted: Callable[[PendingCall], object] | None = None,
+    **bounding: Unpack[SharedBound],
+) -> T: ...
+
+
 async def run_in_thread(
     fn: Callable[[], T],
     *,
@@ -114,12 +138,13 @@ async def run_in_thread(
 ) -> T:
     """Run ``fn()`` on a worker thread and return its result (or raise its exception).
 
-    Bounded by its :class:`~aio_runtime.BoundArgs` (``awaited``, and ``error``/``timeout``/``layer``
-    or ``within``), as every wait is. The bound is checked before the thread starts: a call the
-    runtime refuses never runs. ``submitted`` (with ``worker`` only) is called with the
-    :class:`PendingCall` as it is handed to the worker: whoever holds it may withdraw the call
-    while it is still queued — the call then never runs, and the waiting task must be woken by
-    its holder (by cancelling a scope around the wait, say: it then sees that cancellation).
+    Bounded by its :class:`~aio_runtime.BoundArgs` (``awaited``, and either ``error`` with
+    ``timeout`` and ``layer``, or ``within``), as every wait is. The bound is checked before the
+    thread starts: a call the runtime refuses never runs. ``submitted`` (with ``worker`` only) is
+    called with the :class:`PendingCall` as it is handed to the worker: whoever holds it may
+    withdraw the call while it is still queued — the call then never runs, and the waiting task
+    must be woken by its holder (by cancelling a scope around the wait, say: it then sees that
+    cancellation).
     """
     if submitted is not None and worker is None:
         raise ValueError("submitted= is for a call handed to a worker: pass worker= too")

@@ -12,7 +12,9 @@ Every wait in the project comes through here, so every wait has the same semanti
 * cancelling it (or timing out) removes the waiter: nothing stays registered.
 
 Entry points, all built on one :class:`WaitBound` and bounded by the same keywords
-(:class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or ``within``):
+(:class:`BoundArgs`: ``awaited``, and either ``error``/``timeout``/``layer`` or ``within`` — typed
+as two overloads, :class:`OwnBound` and :class:`SharedBound`, so a type checker refuses a call
+with neither):
 
 * :func:`wait_complete` — for something a callback completes (a
   :class:`~aio_runtime.Completion`, an ``anyio.Event``). With ``cancel=``, an operation
@@ -21,7 +23,9 @@ Entry points, all built on one :class:`WaitBound` and bounded by the same keywor
 * :func:`wait_until` — for a probe that must satisfy a predicate. A probe is a plain read (a memory
   word) or an async read (a register read that is itself a USB transfer). Probing follows a
   :class:`PollPolicy` (a short spin, then exponential backoff) on the event loop, or runs on a
-  :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters.
+  :class:`~aio_runtime.MemoryWatcher` thread when sub-millisecond detection matters. A value that
+  only its owner writes and announces (a :class:`~aio_runtime.Notifier`) is not polled: the wait
+  sleeps until the announcement.
 * :class:`~aio_runtime.WaitBound` (its own module) — one bound over a sequence of steps (take a
   lock, write registers, poll a response): create it once, pass ``within=bound`` to the waits of
   the sequence and run its other steps with ``bound.run``, so the whole sequence shares one
@@ -36,26 +40,23 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, overload
 
 import anyio
 import anyio.lowlevel
-import numpy as np
 
-from ._bounds import BoundArgs, WaitBound, resolve_bound
+from ._bounds import BoundArgs, OwnBound, SharedBound, WaitBound, resolve_bound
 from ._clock import now, validate_timeout
 from ._completion import Completion, Waitable
 from ._errors import BudgetExhausted, HardwareTimeout
+from ._notifier import Notifier
+from ._policy import DEFAULT_POLICY, PollPolicy, differs
 
 if TYPE_CHECKING:
     from ._watcher import MemoryWatcher
 
 __all__ = [
-    "DEFAULT_POLICY",
-    "PollPolicy",
     "ProbeArgs",
     "drain",
     "pause",
@@ -64,60 +65,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PollPolicy:
-    """How a probe is repeated on the event loop.
-
-    First ``spin`` immediate re-reads (each yields to the loop once, so other tasks still run), then
-    sleeps starting at ``first_interval`` and growing by ``factor`` up to ``max_interval``.
-    ``yield_first``: yield to the loop once before the first read too — for a read that costs a
-    transfer, whose condition is usually met by work another task does next. Spins
-    are counted, not timed, so a spin cannot run forever under a virtual clock. asyncio's selector
-    rounds sleeps up to whole milliseconds; for sub-millisecond detection of a memory word use a
-    :class:`~aio_runtime.MemoryWatcher` instead.
-    """
-
-    spin: int = 4
-    first_interval: float = 0.0002
-    max_interval: float = 0.005
-    factor: float = 2.0
-    yield_first: bool = False
-
-    def __post_init__(self) -> None:
-        if self.spin < 0:
-            raise ValueError(f"spin must be >= 0, got {self.spin}")
-        for name in ("first_interval", "max_interval"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        if self.max_interval < self.first_interval:
-            raise ValueError("max_interval must be >= first_interval")
-        if not (math.isfinite(self.factor) and self.factor >= 1.0):
-            raise ValueError(f"factor must be >= 1, got {self.factor!r}")
-
-    def intervals(self) -> Iterator[float]:
-        """Delays between successive reads: ``spin`` zeros, then the backoff sequence."""
-        for _ in range(self.spin):
-            yield 0.0
-        interval = self.first_interval
-        while True:
-            yield interval
-            interval = min(self.max_interval, interval * self.factor)
-
-
-DEFAULT_POLICY = PollPolicy()
-
-
-def differs(a: object, b: object) -> bool:
-    """Whether two probe values differ; numpy arrays compare element-wise."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return not np.array_equal(np.asarray(a), np.asarray(b))
-    try:
-        return bool(a != b)
-    except Exception:
-        return True
 
 
 class _NotObserved:
@@ -177,6 +124,26 @@ def _mark_in_flight(exc: BaseException, limit: float) -> None:
     )
 
 
+@overload
+async def wait_complete(
+    completion: Waitable[T],
+    *,
+    cancel: Callable[[], object] | None = None,
+    drain_timeout: float = 1.0,
+    **bounding: Unpack[OwnBound],
+) -> T: ...
+
+
+@overload
+async def wait_complete(
+    completion: Waitable[T],
+    *,
+    cancel: Callable[[], object] | None = None,
+    drain_timeout: float = 1.0,
+    **bounding: Unpack[SharedBound],
+) -> T: ...
+
+
 async def wait_complete(
     completion: Waitable[T],
     *,
@@ -186,10 +153,11 @@ async def wait_complete(
 ) -> T:
     """Wait for a callback to complete ``completion`` and return its result.
 
-    Bounded by its :class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or
-    ``within``. Raises ``error`` (its own timeout ran out) or :class:`BudgetExhausted` (the
-    enclosing scope's did). An exception the completion carries is re-raised as is. A completion
-    that is already done returns at once, even with no time left.
+    Bounded by its :class:`BoundArgs`: ``awaited``, and either ``error`` (with ``timeout`` and
+    ``layer``: :class:`OwnBound`) or ``within`` (:class:`SharedBound`). Raises ``error`` (its
+    own timeout ran out) or :class:`BudgetExhausted` (the enclosing scope's did). An exception
+    the completion carries is re-raised as is. A completion that is already done returns at
+    once, even with no time left.
 
     ``cancel``: when the wait ends without the completion (timeout, budget or cancellation of the
     waiting task), call ``cancel()`` to ask the operation to stop (cancel a USB transfer, terminate
@@ -221,24 +189,49 @@ async def wait_complete(
     raise timed_out
 
 
-class ProbeArgs(BoundArgs, total=False):
-    """The keywords of :func:`wait_until`: its :class:`BoundArgs`, and how the probe is read."""
+class ProbeArgs(TypedDict, total=False):
+    """How :func:`wait_until` reads its probe: the keywords it takes beside its bound."""
 
     expected: object
     policy: PollPolicy
     reset_on_progress: bool
     watcher: MemoryWatcher | None
+    notifier: Notifier | None
+
+
+class _OwnBoundProbe(OwnBound, ProbeArgs, total=False):
+    pass
+
+
+class _SharedBoundProbe(SharedBound, ProbeArgs, total=False):
+    pass
 
 
 @overload
 async def wait_until(
-    probe: Callable[[], Awaitable[T]], predicate: Callable[[T], bool], **options: Unpack[ProbeArgs]
+    probe: Callable[[], Awaitable[T]],
+    predicate: Callable[[T], bool],
+    **options: Unpack[_OwnBoundProbe],
 ) -> T: ...
 
 
 @overload
 async def wait_until(
-    probe: Callable[[], T], predicate: Callable[[T], bool], **options: Unpack[ProbeArgs]
+    probe: Callable[[], Awaitable[T]],
+    predicate: Callable[[T], bool],
+    **options: Unpack[_SharedBoundProbe],
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    probe: Callable[[], T], predicate: Callable[[T], bool], **options: Unpack[_OwnBoundProbe]
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    probe: Callable[[], T], predicate: Callable[[T], bool], **options: Unpack[_SharedBoundProbe]
 ) -> T: ...
 
 
@@ -250,12 +243,13 @@ async def wait_until(
     policy: PollPolicy = DEFAULT_POLICY,
     reset_on_progress: bool = False,
     watcher: MemoryWatcher | None = None,
+    notifier: Notifier | None = None,
     **bounding: Unpack[BoundArgs],
 ) -> Any:
     """Read ``probe`` until ``predicate(value)`` holds; return that value.
 
-    Bounded by its :class:`BoundArgs`: ``awaited``, and ``error``/``timeout``/``layer`` or
-    ``within``.
+    Bounded by its :class:`BoundArgs`: ``awaited``, and either ``error`` (with ``timeout`` and
+    ``layer``: :class:`OwnBound`) or ``within`` (:class:`SharedBound`).
     ``probe`` is a plain read or returns an awaitable (an async register read). The probe is read
     at least once, so a condition that already holds returns even with no time left. The last value
     read is reported as ``observed`` on timeout, ``expected`` as given. A plain read is taken once
@@ -267,43 +261,84 @@ async def wait_until(
     deadline scope is absolute and never moves.
 
     ``watcher``: probe on that watcher's thread instead of the loop (``probe`` must then be a plain
-    read); the waiting task is woken thread-safely.
+    read); the waiting task is woken thread-safely. ``notifier``: the value changes only when that
+    :class:`~aio_runtime.Notifier` says so, so between reads the wait sleeps until it does (or
+    until its bound) instead of following ``policy``.
     """
+    return await probe_until(
+        "wait_until",
+        probe,
+        predicate,
+        bounding,
+        expected=expected,
+        policy=policy,
+        reset_on_progress=reset_on_progress,
+        watcher=watcher,
+        notifier=notifier,
+    )
+
+
+async def probe_until(
+    waiter: str,
+    probe: Callable[[], Any],
+    predicate: Callable[[Any], bool],
+    bounding: BoundArgs,
+    *,
+    expected: object = None,
+    policy: PollPolicy = DEFAULT_POLICY,
+    reset_on_progress: bool = False,
+    watcher: MemoryWatcher | None = None,
+    notifier: Notifier | None = None,
+) -> Any:
+    """:func:`wait_until` for the core's own waits that pass their :class:`BoundArgs` on as they
+    received them; ``waiter`` names the public function in errors about its keywords."""
     if reset_on_progress and bounding.get("within") is not None:
         raise TypeError("reset_on_progress restarts a wait's own timer; a shared bound has none")
-    bound = resolve_bound("wait_until", bounding)
+    if watcher is not None and notifier is not None:
+        raise TypeError("a value a notifier announces needs no watcher: pass one or the other")
+    bound = resolve_bound(waiter, bounding)
     awaited = bounding["awaited"]
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
         return await _wait_watched(
             watcher, probe, predicate, bound, awaited, expected, reset_on_progress
         )
+    listener = None if notifier is None else notifier.listen()
     observed: Any = _NOT_OBSERVED
     probe_is_async = False
     intervals = policy.intervals()
-    with anyio.CancelScope(deadline=bound.at) as scope:
-        if policy.yield_first:  # shielded: the probe is still read once with no time left
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-        while True:
-            value = probe()
-            if inspect.isawaitable(value):
-                probe_is_async = True
-                value = await value
-            if predicate(value):
-                return bound.step_done(value)
-            if reset_on_progress and observed is not _NOT_OBSERVED and differs(value, observed):
-                bound.progress(now())
-                scope.deadline = bound.at
-            observed = value
-            bound.note(awaited, expected, observed)
-            t = now()
-            if t >= bound.at:
-                break
-            delay = next(intervals)
-            if delay == 0.0:
-                await anyio.lowlevel.checkpoint()
-            else:
-                await anyio.sleep(min(delay, bound.at - t))
+    try:
+        with anyio.CancelScope(deadline=bound.at) as scope:
+            if policy.yield_first:  # shielded: the probe is still read once with no time left
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+            while True:
+                if listener is not None:
+                    listener.arm()
+                value = probe()
+                if inspect.isawaitable(value):
+                    probe_is_async = True
+                    value = await value
+                if predicate(value):
+                    return bound.step_done(value)
+                if reset_on_progress and observed is not _NOT_OBSERVED and differs(value, observed):
+                    bound.progress(now())
+                    scope.deadline = bound.at
+                observed = value
+                bound.note(awaited, expected, observed)
+                t = now()
+                if t >= bound.at:
+                    break
+                if listener is not None:
+                    await listener.wait()
+                    continue
+                delay = next(intervals)
+                if delay == 0.0:
+                    await anyio.lowlevel.checkpoint()
+                else:
+                    await anyio.sleep(min(delay, bound.at - t))
+    finally:
+        if listener is not None:
+            listener.close()
     if scope.cancelled_caught and not probe_is_async:
         value = probe()
         if predicate(value):

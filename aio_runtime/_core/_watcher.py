@@ -48,7 +48,7 @@ from typing import Any, Generic, TypeVar
 from ._completion import Completion, loop_caller
 from ._log import get_logger
 from ._loop import loop_clock
-from ._waits import differs
+from ._policy import differs
 
 __all__ = ["MemoryWatcher", "Watch", "WatcherStatistics", "WatcherStopped"]
 

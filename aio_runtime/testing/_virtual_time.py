@@ -18,7 +18,12 @@ run at real-time speed).
 :func:`threads_busy` is the usual ``hold``: true while the loop awaits a call made with
 :func:`aio_runtime.run_in_thread` or ``anyio.to_thread.run_sync``. A hold that lasts ``hold_limit``
 real seconds without the loop being woken gives way until it ends (a call that never returns still
-meets its timeout).
+meets its timeout). Code that does its work on threads — the DMS service: its warp, its model, its
+start-up — runs under ``virtual_time(autojump_threshold=0.005, hold=threads_busy())``.
+
+Without a hold, a timeout that ends the block after the clock jumped while such a call was in
+flight carries a note saying so and naming that recipe: the call's bound ran out in virtual time
+while the thread was still working.
 
 asyncio: the running selector event loop is switched in place (its clock and its selector are
 wrapped), and switched back on exit with its clock kept monotonic. trio: the run must use
@@ -85,6 +90,7 @@ class _AutojumpSelector:
         autojump_threshold: float,
         hold: Callable[[], bool] | None = None,
         hold_limit: float = 0.0,
+        threads: Callable[[], bool] | None = None,
     ) -> None:
         self._inner = inner
         self._counter = counter
@@ -92,6 +98,9 @@ class _AutojumpSelector:
         self._hold = hold
         self._hold_limit = hold_limit
         self._gave_way = False
+        self._threads = threads
+        self.jumped_past_a_thread: float | None = None
+        """Seconds of the first jump made, unheld, while work ran on a thread (None: none was)."""
 
     def _held(self) -> list[tuple[selectors.SelectorKey, int]] | None:
         """While ``hold()`` is true, wait for a wake-up instead of jumping: its events, or None
@@ -120,6 +129,8 @@ class _AutojumpSelector:
         events = self._inner.select(0 if timeout <= 0 else min(self._threshold, timeout))
         if events or timeout <= 0:
             return events
+        if self.jumped_past_a_thread is None and self._threads is not None and self._threads():
+            self.jumped_past_a_thread = timeout
         self._counter.jump(timeout)
         return []
 
@@ -156,16 +167,46 @@ async def _asyncio_virtual_time(
     current = loop.time
     real_time = current.base if isinstance(current, _OffsetClock) else current
     counter = _Counter(current())
-    loop._selector = _AutojumpSelector(  # type: ignore[attr-defined]
-        selector, counter, autojump_threshold, hold, hold_limit
-    )
+    threads = threads_busy() if hold is None else None
+    autojump = _AutojumpSelector(selector, counter, autojump_threshold, hold, hold_limit, threads)
+    loop._selector = autojump  # type: ignore[attr-defined]
     loop.time = counter.now  # type: ignore[method-assign]
     try:
         yield VirtualClock(counter.now, counter.jump)
+    except BaseException as exc:
+        if autojump.jumped_past_a_thread is not None and _timed_out(exc):
+            exc.add_note(_JUMPED_PAST_A_THREAD.format(seconds=autojump.jumped_past_a_thread))
+        raise
     finally:
         loop._selector = selector  # type: ignore[attr-defined]
         # Timers scheduled in virtual time stay valid: the clock continues from where it got to.
         loop.time = _OffsetClock(real_time, counter.now() - real_time())  # type: ignore[method-assign]
+
+
+_JUMPED_PAST_A_THREAD = (
+    "virtual time jumped {seconds:.3f} s ahead while work ran on a thread (run_in_thread, "
+    "anyio.to_thread): the clock of a plain virtual_time() does not wait for threads, so a bound "
+    "can run out while the thread is still working. Hold the clock while threads work: "
+    "virtual_time(autojump_threshold=0.005, hold=threads_busy())"
+)
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a timeout, or was caused by one (its cause, its context, the errors
+    of its group)."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, TimeoutError):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
 
 
 _active_mock_clocks: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -207,7 +248,9 @@ async def virtual_time(
 
     ``hold`` (asyncio only): while it returns true the clock does not jump; the loop waits for I/O
     or a wake-up from another thread instead, for at most ``hold_limit`` real seconds. Usually
-    :func:`threads_busy`, so that work on threads takes no virtual time."""
+    :func:`threads_busy`, so that work on threads takes no virtual time. Without one, a timeout
+    raised out of the block after the clock jumped while work ran on a thread has a note that
+    says so (asyncio)."""
     if not autojump_threshold >= 0:
         raise ValueError(f"autojump_threshold must be >= 0 seconds, got {autojump_threshold!r}")
     if not hold_limit > 0:
