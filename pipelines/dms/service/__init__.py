@@ -94,7 +94,7 @@ class DmsService:
         self._faults = ServiceFaults(cfg.faults, self.device.plan)
         self.outcomes = FrameOutcomes(
             self.availability,
-            lambda: self.device.readiness,
+            self.device,
             raw_predictions=cfg.raw_predictions,
             mode=cfg.mode,
         )

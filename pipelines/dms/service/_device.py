@@ -10,6 +10,8 @@ and :meth:`ModelDevice.why_unavailable` says why) and report a device fault to t
 (:meth:`DeviceSession.fail`). The first fault reported is the one the session failed with: the
 supervisor sees that typed error itself (its layer, what was awaited, what was expected and
 observed), and a fault seen once a restart has begun does not restart the next session.
+:attr:`ModelDevice.restarts` counts the sessions that failed so (the service's metrics read it,
+with :attr:`ModelDevice.contract`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from aio_runtime import AvailabilityMachine, Backoff, Readiness, Supervisor
 
 from ..config import ServiceConfig
 from ..decode import Decoder
+from ..model import ModelContract
 from ._backends import Device, ModelBackend, TransportOpener, open_device, simulator_plan
 
 __all__ = ["DeviceSession", "ModelDevice"]
@@ -81,6 +84,10 @@ class ModelDevice:
         """The readiness layers of the current session (or of the one being opened)."""
         self.decoder = Decoder({})
         """Decodes the model's outputs, once the model's contract is read."""
+        self.contract: ModelContract | None = None
+        """The model's contract, once read."""
+        self.restarts = 0
+        """Sessions that failed while running and were torn down to be opened again."""
         self.ready = anyio.Event()
         """Set once a model can first run frames, or opening it failed."""
         self._why_none = "loading the model"
@@ -106,6 +113,7 @@ class ModelDevice:
         )
         async with opened as device:
             self.decoder = Decoder(device.contract.output_slices)
+            self.contract = device.contract
             self._name = device.name
             self._why_none = f"opening the {device.name}"
             task_status.started()
@@ -140,7 +148,7 @@ class ModelDevice:
         finally:
             self.ready.set()  # opened or not: frames flow, and say why there is no output
 
-    @staticmethod
-    async def _until_failed(session: DeviceSession) -> None:
+    async def _until_failed(self, session: DeviceSession) -> None:
         error = await session.failed()
+        self.restarts += 1  # the supervisor tears it down and opens the next
         raise error.with_traceback(None)  # raised anew here: the frame that saw it has moved on

@@ -3,28 +3,37 @@ published valid, published invalid with a reason, or dropped and counted (design
 
 :class:`FrameOutcomes` is the only code that counts frames (:class:`Summary`), updates the frame
 metrics, numbers messages (``seq``), builds them and hands them to the sinks. It also keeps the
-summary's record of availability changes.
+summary's record of availability changes, and tells the metrics where the series kept elsewhere
+are read (the sinks' drops; the device's restarts and model).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 import numpy as np
 
-from aio_runtime import AvailabilityMachine, Readiness, ReadinessLayer, Reason, get_logger
+from aio_runtime import (
+    AvailabilityMachine,
+    Readiness,
+    ReadinessLayer,
+    Reason,
+    get_logger,
+    reason_kind,
+)
 
 from ..camera_sources import clock_ns
 from ..channels import FrameAccounting
 from ..config import Mode
 from ..decode import DriverStateFields
-from ..endpoints import Metrics
 from ..messages import DriverStateV2, readiness_record
+from ..metrics import DeviceFacts, Metrics
 from ..publish import (
     JsonLinesSink,
     ReaderClosed,
@@ -43,6 +52,17 @@ FRAME_AGES_KEPT = 100_000
 """Frame ages kept for the summary's percentiles: the latest ~80 minutes at 20 Hz."""
 
 _log = get_logger(__name__)
+
+_MODEL_STAGES = ("warp", "model")
+"""The stages a message's ``modelExecutionTime`` adds up."""
+
+
+class ModelDeviceView(DeviceFacts, Protocol):
+    """What the frame outcomes read of the model's device: its readiness layers as they are now
+    (each message marks its own frame's on them), its restarts and its model (the metrics')."""
+
+    @property
+    def readiness(self) -> Readiness: ...
 
 
 @dataclass
@@ -67,16 +87,16 @@ class Summary:
 class FrameOutcomes:
     """Ends frames: publishes them (valid or invalid) or drops them, counted.
 
-    ``readiness()``: the model's device's readiness layers as they are now. Each message marks
-    on them whether its own frame's task completed and its output was valid — layered, as the
-    core's readiness is: never up while a layer below is down — so the health endpoints report
-    the last message's.
+    ``device``: the model's device. Each message marks on its readiness layers as they are now
+    whether its own frame's task completed and its output was valid — layered, as the core's
+    readiness is: never up while a layer below is down — so the health endpoints report the last
+    message's.
     """
 
     def __init__(
         self,
         availability: AvailabilityMachine,
-        readiness: Callable[[], Readiness],
+        device: ModelDeviceView,
         *,
         raw_predictions: bool = False,
         mode: Mode = Mode.LIVE,
@@ -89,7 +109,8 @@ class FrameOutcomes:
         """The in-process sink: every message, to every subscriber."""
         self.sinks = Sinks([self.subscriptions])
         """Every sink, each with the policy of the service's mode."""
-        self._readiness = readiness
+        self.metrics.read_from(sinks=self.sinks.stats, device=device)
+        self._device = device
         self._raw_predictions = raw_predictions
         self._in_flight: dict[int, FrameJob] = {}
         """Frames received and not yet published or dropped, by number."""
@@ -135,6 +156,8 @@ class FrameOutcomes:
         self._newest_sof = job.frame.timestamp_sof
         self.summary.frames.receive()
         self.metrics.frames_in.inc()
+        camera = max(0.0, clock_ns() / 1e9 - job.frame.timestamp_sof / 1e9)
+        self.metrics.stage_latency.labels(stage="camera").observe(camera)
 
     def camera_failed(self, error: str) -> None:
         """The camera failed for good (the service then ends): the summary says why."""
@@ -170,7 +193,7 @@ class FrameOutcomes:
             verdict.reason,
             fields=fields,
             output=job.output,
-            model_time=sum(job.stages.values()),
+            model_time=sum(job.stages.get(stage, 0.0) for stage in _MODEL_STAGES),
             device_time=job.device_time,
         )
 
@@ -209,6 +232,7 @@ class FrameOutcomes:
         model_time: float = 0.0,
         device_time: float = 0.0,
     ) -> None:
+        start = time.perf_counter()
         frame = job.frame
         age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
         raw = None
@@ -240,13 +264,17 @@ class FrameOutcomes:
         self._send(message)
         self.summary.frames.published(message.valid, message.reason)
         self.summary.frame_ages.append(age)
-        self.metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
-        self.metrics.end_to_end.observe(age)
+        metrics = self.metrics
+        metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
+        if not message.valid:  # under the kind the summary counts it under
+            metrics.invalid_frames.labels(kind=reason_kind(message.reason) or "unspecified").inc()
+        metrics.end_to_end.observe(age)
+        metrics.stage_latency.labels(stage="publish").observe(time.perf_counter() - start)
 
     def _layers(self, *, task_complete: bool, output_valid: bool) -> dict[str, bool]:
         """The device's readiness, with this message's task-complete and output-valid layers
         marked on it (the health endpoints then report the last message's)."""
-        readiness = self._readiness()
+        readiness = self._device.readiness
         _mark(
             readiness, ReadinessLayer.TASK_COMPLETE, task_complete, "the frame produced no output"
         )
@@ -260,11 +288,14 @@ class FrameOutcomes:
         self.sinks.publish(message)
 
     async def follow_availability(self) -> None:
-        """Record every availability change: the summary, the metrics' gauge, the log."""
+        """Record every availability change: the summary, the metrics' gauge and transitions
+        (a change of state, not of reason alone), the log."""
         with self.availability.subscribe() as stream:
             async for transition in stream:
-                current = transition.current
+                current, previous = transition.current, transition.previous
                 self.metrics.set_availability(current.availability)
+                if previous is not None and previous.availability is not current.availability:
+                    self.metrics.transition(current.availability)
                 self.summary.transitions.append((current.since, str(current)))
                 _log.info("availability", state=str(current))
 

@@ -274,11 +274,13 @@ class Decode:
             self.finish(job)
 
     def finish(self, job: FrameJob) -> None:
+        start = time.perf_counter()
         output = job.output
         assert output is not None
         if self.faults.output_is_nan(job.number):
             output = np.full_like(output, np.nan)
         decoded = self.device.decoder(output)
+        self.outcomes.stage_done(job, "decode", time.perf_counter() - start)
         if not decoded.valid or decoded.fields is None:
             self.outcomes.invalid(job, self.policy.invalid_output(decoded.reason), output=output)
             return
