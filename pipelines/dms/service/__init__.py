@@ -93,6 +93,7 @@ class DmsService:
             lambda: self.device.readiness,
             raw_predictions=cfg.raw_predictions,
             mode=cfg.mode,
+            run_id=cfg.run_id,
         )
         self.metrics = self.outcomes.metrics
         self.health_port: int | None = None
@@ -103,6 +104,11 @@ class DmsService:
     @property
     def summary(self) -> Summary:
         return self.outcomes.summary
+
+    @property
+    def run_id(self) -> str:
+        """The ``runId`` of every message this service publishes (``config.run_id``, or fresh)."""
+        return self.outcomes.run_id
 
     @property
     def source_length(self) -> int | None:
@@ -117,7 +123,10 @@ class DmsService:
             try:
                 cfg.check_environment()
                 self.outcomes.open_sinks(
-                    zmq=cfg.zmq, jsonl=cfg.jsonl, allow_remote=cfg.allow_remote
+                    zmq=cfg.zmq,
+                    jsonl=cfg.jsonl,
+                    allow_remote=cfg.allow_remote,
+                    append=cfg.jsonl_append,
                 )
             except (ValueError, OSError) as exc:
                 raise StartupError(describe(exc)) from exc
