@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from .dms.run_summary import summary_before_start
+from .dms.run_summary import RunFacts, format_record, record_before_start, write_summary_json
 from .exit_codes import ExitCode, stopped_exit_code
 from .stopping import Interrupted, Stopping
 
@@ -123,33 +123,50 @@ def _values_may_be_negative(argv: list[str]) -> list[str]:
     return joined
 
 
-def _jsonl_on_stdout(argv: list[str]) -> bool:
-    """The command line sends the JSON lines to standard output (``--jsonl -``, ``--jsonl=-``,
-    or an abbreviation argparse takes, ``--js -``; the last one given counts). Read from the
-    words themselves: a signal may come before the parser exists."""
-    on_stdout = False
+def _word_value(argv: list[str], flag: str) -> str | None:
+    """The value the command line gives ``flag`` (``--flag V``, ``--flag=V``, or an
+    abbreviation argparse takes, ``--fl V``; the last one given counts), None if none. Read from
+    the words themselves: a signal may come before the parser exists."""
+    found = None
     for at, token in enumerate(argv):
         if token == "--":
             break
         name, equals, value = token.partition("=")
-        if len(name) > len("--") and "--jsonl".startswith(name):
-            given = value if equals else (argv[at + 1] if at + 1 < len(argv) else None)
-            on_stdout = given == "-"
-    return on_stdout
+        if len(name) > len("--") and flag.startswith(name):
+            found = value if equals else (argv[at + 1] if at + 1 < len(argv) else None)
+    return found
+
+
+def _jsonl_on_stdout(argv: list[str]) -> bool:
+    """The command line sends the JSON lines to standard output (``--jsonl -``, ``--jsonl=-``,
+    or an abbreviation argparse takes, ``--js -``; the last one given counts)."""
+    return _word_value(argv, "--jsonl") == "-"
 
 
 def _stopped_before_work(argv: list[str]) -> int:
     """A signal before the command had begun its work: nothing was published. A run's or a
     replay's summary says so (on standard error when the messages were to go to standard
-    output, as at the end of a run); the exit code of a command stopped by a signal. Nothing is
-    imported here: the signal may have interrupted an import, which is then not safe to redo."""
+    output, as at the end of a run; and as the ``--summary-json`` document where the words ask
+    for one); the exit code of a command stopped by a signal. Nothing is imported here: the
+    signal may have interrupted an import, which is then not safe to redo."""
     command = argv[0] if argv else None
+    code = stopped_exit_code(command)
     if command in ("run", "replay"):
-        out = sys.stderr if _jsonl_on_stdout(argv[1:]) else sys.stdout
-        print(summary_before_start(), file=out)
+        words = argv[1:]
+        facts = RunFacts(command, run_id=_word_value(words, "--run-id") or None, exit_code=code)
+        record = record_before_start(facts)
+        print(format_record(record), file=sys.stderr if _jsonl_on_stdout(words) else sys.stdout)
+        path = _word_value(words, "--summary-json")
+        if path:
+            try:
+                write_summary_json(path, record)
+            except OSError as exc:
+                print(
+                    f"aio-dms {command}: the summary could not be written: {exc}", file=sys.stderr
+                )
     else:
         print("aio-dms: stopped by a signal before it had started", file=sys.stderr)
-    return stopped_exit_code(command)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

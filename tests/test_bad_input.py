@@ -46,6 +46,7 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--jsonl": [["{missing}/out.jsonl"], ["{dir}"], [""], ["{garbage}"]],
     "--append": [["=yes"], []],
     "--run-id": [[""], ["a b"], ["-x"], ["x" * 65], ["id/1"]],
+    "--summary-json": [["{missing}/summary.json"], ["{dir}"], [""]],
     "--allow-remote": [["=yes"]],
     "--raw-predictions": [["=1"]],
     "--no-budget": [["=on"]],
