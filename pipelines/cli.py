@@ -59,13 +59,14 @@ def _model_info(model: str | None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from .dms.run import add_arguments
+    from .dms.run_record import add_record_arguments
 
     parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
-        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed "
-        "or model-info of a model that fails its check, 2 refused before work started, 130 a "
-        "replay interrupted, or a second signal.",
+        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run or a "
+        "recording that failed, or model-info of a model that fails its check, 2 refused before "
+        "work started, 130 a replay or a recording interrupted, or a second signal.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -87,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("input", metavar="INPUT", help="a recording of ours or a video file")
     add_arguments(replay, "replay")
+    record = commands.add_parser(
+        "record",
+        help="record frames from a camera source (as run takes it: at its pace) to a recording "
+        "that replay reads, each frame compressed losslessly",
+    )
+    add_record_arguments(record)
     model_info = commands.add_parser(
         "model-info",
         help="print a DMS model's contract as JSON: inputs with shapes and dtypes, the output, "
@@ -106,7 +113,7 @@ def _values_may_be_negative(argv: list[str]) -> list[str]:
     option's value, not another option (argparse takes only plain negative numbers so)."""
     from .dms.run import single_value_flags
 
-    flags = single_value_flags() | {"--model"}
+    flags = single_value_flags() | {"--model", "--output"}
     joined: list[str] = []
     tokens = iter(argv)
     for token in tokens:
@@ -182,7 +189,7 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     parser = _parser()
     if not argv:
         parser.print_usage(sys.stderr)
-        parser.error("a command is required (demo, run, replay or model-info)")
+        parser.error("a command is required (demo, run, replay, record or model-info)")
     args = parser.parse_args(_values_may_be_negative(argv))
     if args.command == "demo":
         from .demo import main as demo_main
@@ -190,6 +197,10 @@ def _main(argv: list[str], stopping: Stopping) -> int:
         return demo_main()
     if args.command == "model-info":
         return _model_info(args.model)
+    if args.command == "record":
+        from .dms.run_record import record
+
+        return record(args, stopping)
     from .dms.config import Mode
     from .dms.run import run
 

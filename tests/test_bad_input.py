@@ -62,7 +62,11 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--warp-plan-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
     "--healthy-after": [["0"], ["-1"], ["nan"], ["inf"]],
     "--log-format": [["xml"], [""]],
+    "--output": [["{garbage}"], ["{missing}/out.dmsrec"], ["{dir}"], [""]],
 }  # fmt: skip
+
+COMMANDS = ("run", "replay", "record")
+"""The commands whose options the table covers."""
 
 # Through the Python API: values of the wrong type or out of range, for every field.
 BAD_FIELDS: dict[str, list[object]] = {
@@ -117,7 +121,8 @@ def _options(command: str) -> dict[str, argparse.Action]:
 
 def _argv(command: str, flag: str, values: list[str], paths: dict[str, str]) -> list[str]:
     values = [value.format(**paths) for value in values]
-    head = [command, "in.dmsrec"] if command == "replay" else [command]
+    heads = {"replay": [command, "in.dmsrec"], "record": [command, "--frames", "3", "-o", "new"]}
+    head = heads.get(command, [command])  # what the command needs, then the value to refuse
     if values and values[0].startswith("="):
         return [*head, flag + values[0], *values[1:]]
     return [*head, flag, *values]
@@ -134,14 +139,14 @@ def paths(tmp_path: Path) -> dict[str, str]:
 def _cases() -> list[tuple[str, str, list[str]]]:
     return [
         (command, flag, values)
-        for command in ("run", "replay")
+        for command in COMMANDS
         for flag in _options(command)
         for values in BAD_OPTIONS.get(flag, [])
     ]
 
 
 def test_every_option_of_every_command_has_bad_values_in_the_table():
-    for command in ("run", "replay"):
+    for command in COMMANDS:
         missing = sorted(set(_options(command)) - set(BAD_OPTIONS))
         assert not missing, f"{command}: options without bad values: {missing}"
         assert all(BAD_OPTIONS[flag] for flag in _options(command))
