@@ -121,8 +121,8 @@ def test_a_replay_on_a_terminal_draws_on_standard_error_and_nothing_on_standard_
 @pytest.mark.timeout(120)
 def test_without_a_terminal_there_is_no_progress(tmp_path, capsys):
     path = tmp_path / "in.dmsrec"
-    cabin_recording(path, list(range(4)), 0)
+    cabin_recording(path, list(range(8)), 0)
     assert main(["replay", str(path), *CPU]) == ExitCode.OK
     captured = capsys.readouterr()
     assert "\x1b[" not in captured.err + captured.out and "\r" not in captured.err
-    assert "frames received      4" in captured.out
+    assert "frames received      8" in captured.out

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from .config import Mode, ServiceConfig
+from .sinks_policy import SubscriptionStalled
 
 if TYPE_CHECKING:
     from .service import DmsService
@@ -118,8 +119,8 @@ class ProgressDisplay:
 
 
 async def follow_progress(service: DmsService, display: ProgressDisplay) -> None:
-    """Update ``display`` from ``service`` as it publishes, until cancelled; then draw the last
-    figures and close it."""
+    """Update ``display`` from ``service`` as it publishes, until cancelled (or, replaying, its
+    subscription is closed for holding the replay); then draw the last figures and close it."""
     config, started = service.config, time.monotonic()
 
     def show(force: bool = False) -> None:
@@ -141,6 +142,8 @@ async def follow_progress(service: DmsService, display: ProgressDisplay) -> None
     try:
         async for _ in service.messages():
             show()
+    except SubscriptionStalled:  # the loop held up for the stall limit: the line stops there
+        pass
     finally:
         show(force=True)
         display.close()
