@@ -208,3 +208,17 @@ def test_a_summary_that_cannot_be_written_fails_the_run(tmp_path, capsys, monkey
     monkeypatch.setattr("pipelines.dms.run.write_summary_json", full)
     assert main(["run", *CPU, "--frames", "10", "--summary-json", str(summary)]) == ExitCode.FAILED
     assert "the summary could not be written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("taken", ["camera", "jsonl"])
+def test_the_summary_document_is_refused_a_file_the_run_reads_or_writes(taken, tmp_path, capsys):
+    recording = tmp_path / "in.dmsrec"
+    cabin_recording(recording, [0], 0)
+    before = recording.read_bytes()
+    jsonl = tmp_path / "out.jsonl"
+    target = recording if taken == "camera" else jsonl
+    argv = ["replay", str(recording), *CPU, "--jsonl", str(jsonl), "--summary-json", str(target)]
+    assert main(argv) == ExitCode.REFUSED
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"is the --{taken} file" in err[0], err
+    assert recording.read_bytes() == before and not jsonl.exists()

@@ -20,7 +20,7 @@ from aio_runtime import configure_logging, now
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .camera import Frame
-from .config import Mode, ServiceConfig, Setting, settings
+from .config import CameraFile, Mode, ServiceConfig, Setting, settings
 from .config_values import integer, number, writable_file
 from .run_progress import ProgressDisplay, follow_progress, progress_console
 from .run_summary import (
@@ -167,15 +167,21 @@ async def _serve(
 
 def _summary_path(text: str | None, config: ServiceConfig) -> Path | None:
     """Where ``--summary-json`` writes (None: nowhere); :class:`ValueError` for a path that
-    cannot be written, or the JSON lines' own."""
+    cannot be written, or one the run reads or writes itself (its camera, model, JSON lines)."""
     if text is None:
         return None
     if not text:
         raise ValueError("--summary-json: expected a file path, got ''")
     path = Path(text)
     writable_file("--summary-json", path)
-    if config.jsonl not in (None, "-") and path.resolve() == Path(config.jsonl).resolve():
-        raise ValueError(f"--summary-json {text!r} is the --jsonl file")
+    taken = {
+        "--camera": config.camera.path if isinstance(config.camera, CameraFile) else None,
+        "--model": config.model,
+        "--jsonl": Path(config.jsonl) if config.jsonl not in (None, "-") else None,
+    }
+    for flag, other in taken.items():
+        if other is not None and path.resolve() == other.resolve():
+            raise ValueError(f"--summary-json {text!r} is the {flag} file")
     return path
 
 
