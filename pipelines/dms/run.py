@@ -1,5 +1,7 @@
-"""``aio-dms run`` (and ``aio-dms replay``): the DMS service from the command line, with a summary
-at the end and the exit codes of :class:`~pipelines.exit_codes.ExitCode`."""
+"""``aio-dms run`` (and ``aio-dms replay``): the DMS service from the command line, with a progress
+line on a terminal (:mod:`.run_progress`), a summary at the end — as text, and as a JSON document
+with ``--summary-json`` (:mod:`.run_summary`) — and the exit codes of
+:class:`~pipelines.exit_codes.ExitCode`."""
 
 from __future__ import annotations
 
