@@ -2,9 +2,10 @@
 
 Signals are handled from the first line of :func:`main` (:mod:`pipelines.stopping`); every
 command ends with an exit code of :class:`~pipelines.exit_codes.ExitCode`; a bad option is one
-line on standard error (exit 2), never a traceback or a usage block. ``run``, ``replay`` and
-``model-info`` need the ``dms`` extra (``pip install 'aio-dms[dms]'``); without it they are refused
-so, naming the module that is missing, and ``demo`` and ``--version`` still work.
+line on standard error (exit 2), never a traceback or a usage block. ``run``, ``replay``,
+``record``, ``model-info`` and ``report`` need the ``dms`` extra (``pip install 'aio-dms[dms]'``);
+without it they are refused so, naming the module that is missing, and ``demo`` and
+``--version`` still work.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from typing import NoReturn
 
 from . import __version__
-from .dms.run_summary import summary_before_start
+from .dms.run_summary import RunFacts, format_record, record_before_start, write_summary_json
 from .exit_codes import ExitCode, stopped_exit_code
 from .stopping import Interrupted, Stopping
 
@@ -23,7 +24,7 @@ __all__ = ["DMS_EXTRA", "main"]
 
 DMS_EXTRA = "pip install 'aio-dms[dms]'"
 """What installs the DMS service's dependencies."""
-_DMS_COMMANDS = ("run", "replay", "model-info")
+_DMS_COMMANDS = ("run", "replay", "record", "model-info")
 _DMS_MODULES = (
     "pipelines.dms.run",
     "pipelines.dms.model",
@@ -87,9 +88,9 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
-        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run that failed "
-        "or model-info of a model that fails its check, 2 refused before work started, 130 a "
-        "replay interrupted, or a second signal.",
+        epilog="Exit codes: 0 success (a run stopped by a signal included), 1 a run or a "
+        "recording that failed, or model-info of a model that fails its check, 2 refused before "
+        "work started, 130 a replay or a recording interrupted, or a second signal.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -109,6 +110,11 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
         "nothing: each stage waits for the next, and the sinks for their readers" + needs,
     )
     replay.add_argument("input", metavar="INPUT", help="a recording of ours or a video file")
+    record = commands.add_parser(
+        "record",
+        help="record frames from a camera source (as run takes it: at its pace) to a recording "
+        "that replay reads, each frame compressed losslessly" + needs,
+    )
     model_info = commands.add_parser(
         "model-info",
         help="print a DMS model's contract as JSON: inputs with shapes and dtypes, the output, "
@@ -123,9 +129,11 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
     )
     if with_dms:
         from .dms.run import add_arguments
+        from .dms.run_record import add_record_arguments
 
         add_arguments(run_parser, "run")
         add_arguments(replay, "replay")
+        add_record_arguments(record)
     from .dms.report.command import add_arguments as add_report_arguments
 
     add_report_arguments(
@@ -143,7 +151,7 @@ def _values_may_be_negative(argv: list[str]) -> list[str]:
     option's value, not another option (argparse takes only plain negative numbers so)."""
     from .dms.run import single_value_flags
 
-    flags = single_value_flags() | {"--model"}
+    flags = single_value_flags() | {"--model", "--output"}
     joined: list[str] = []
     tokens = iter(argv)
     for token in tokens:
@@ -160,33 +168,50 @@ def _values_may_be_negative(argv: list[str]) -> list[str]:
     return joined
 
 
-def _jsonl_on_stdout(argv: list[str]) -> bool:
-    """The command line sends the JSON lines to standard output (``--jsonl -``, ``--jsonl=-``,
-    or an abbreviation argparse takes, ``--js -``; the last one given counts). Read from the
-    words themselves: a signal may come before the parser exists."""
-    on_stdout = False
+def _word_value(argv: list[str], flag: str) -> str | None:
+    """The value the command line gives ``flag`` (``--flag V``, ``--flag=V``, or an
+    abbreviation argparse takes, ``--fl V``; the last one given counts), None if none. Read from
+    the words themselves: a signal may come before the parser exists."""
+    found = None
     for at, token in enumerate(argv):
         if token == "--":
             break
         name, equals, value = token.partition("=")
-        if len(name) > len("--") and "--jsonl".startswith(name):
-            given = value if equals else (argv[at + 1] if at + 1 < len(argv) else None)
-            on_stdout = given == "-"
-    return on_stdout
+        if len(name) > len("--") and flag.startswith(name):
+            found = value if equals else (argv[at + 1] if at + 1 < len(argv) else None)
+    return found
+
+
+def _jsonl_on_stdout(argv: list[str]) -> bool:
+    """The command line sends the JSON lines to standard output (``--jsonl -``, ``--jsonl=-``,
+    or an abbreviation argparse takes, ``--js -``; the last one given counts)."""
+    return _word_value(argv, "--jsonl") == "-"
 
 
 def _stopped_before_work(argv: list[str]) -> int:
     """A signal before the command had begun its work: nothing was published. A run's or a
     replay's summary says so (on standard error when the messages were to go to standard
-    output, as at the end of a run); the exit code of a command stopped by a signal. Nothing is
-    imported here: the signal may have interrupted an import, which is then not safe to redo."""
+    output, as at the end of a run; and as the ``--summary-json`` document where the words ask
+    for one); the exit code of a command stopped by a signal. Nothing is imported here: the
+    signal may have interrupted an import, which is then not safe to redo."""
     command = argv[0] if argv else None
+    code = stopped_exit_code(command)
     if command in ("run", "replay"):
-        out = sys.stderr if _jsonl_on_stdout(argv[1:]) else sys.stdout
-        print(summary_before_start(), file=out)
+        words = argv[1:]
+        facts = RunFacts(command, run_id=_word_value(words, "--run-id") or None, exit_code=code)
+        record = record_before_start(facts)
+        print(format_record(record), file=sys.stderr if _jsonl_on_stdout(words) else sys.stdout)
+        path = _word_value(words, "--summary-json")
+        if path:
+            try:
+                write_summary_json(path, record)
+            except OSError as exc:
+                print(
+                    f"aio-dms {command}: the summary could not be written: {exc}", file=sys.stderr
+                )
     else:
         print("aio-dms: stopped by a signal before it had started", file=sys.stderr)
-    return stopped_exit_code(command)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +239,7 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     parser = _parser(with_dms=missing is None)
     if not argv:
         parser.print_usage(sys.stderr)
-        parser.error("a command is required (demo, run, replay, model-info or report)")
+        parser.error("a command is required (demo, run, replay, record, model-info or report)")
     args = parser.parse_args(_values_may_be_negative(argv) if missing is None else argv)
     if args.command == "demo":
         from .demo import main as demo_main
@@ -222,6 +247,10 @@ def _main(argv: list[str], stopping: Stopping) -> int:
         return demo_main()
     if args.command == "model-info":
         return _model_info(args.model)
+    if args.command == "record":
+        from .dms.run_record import record
+
+        return record(args, stopping)
     if args.command == "report":
         try:  # its pictures need the extra too
             importlib.import_module("matplotlib")

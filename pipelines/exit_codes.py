@@ -12,8 +12,9 @@ class ExitCode(enum.IntEnum):
     """Success — including a ``run`` stopped by a signal (or its standard output closed by the
     reader), whatever it had published by then."""
     FAILED = 1
-    """A run that ended by itself and failed: the camera failed, a file sink failed, or not one
-    frame was valid; ``model-info`` of a model that fails its check."""
+    """A run that ended by itself and failed: the camera failed, a file sink failed, not one
+    frame was valid, or its summary document could not be written; a ``record`` that failed (its
+    camera, or writing its file); ``model-info`` of a model that fails its check."""
     REFUSED = 2
     """Usage, config or environment refused before work started (one line on standard error)."""
     DIFFERS = 3
@@ -21,7 +22,8 @@ class ExitCode(enum.IntEnum):
     SOME_FAILED = 4
     """Some inputs of a batch failed."""
     INTERRUPTED = 130
-    """A ``replay`` (or a batch) interrupted before it completed; and any second signal."""
+    """A ``replay``, a ``record`` (or a batch) interrupted before it completed; and any second
+    signal."""
 
 
 def stopped_exit_code(command: str | None) -> ExitCode:

@@ -7,6 +7,7 @@ import numpy as np
 from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
 
 READY = dict.fromkeys(READINESS_LAYERS, True)
+RUN_ID = "20250612T101530.123Z-3f9a1c2b"
 
 
 def driver(value: float = 0.25) -> dict[str, object]:
@@ -21,6 +22,7 @@ def driver(value: float = 0.25) -> dict[str, object]:
 def message(seq: int = 0, *, valid: bool = True, raw: bytes | None = None) -> DriverStateV2:
     return DriverStateV2(
         seq=seq,
+        run_id=RUN_ID,
         frame_id=100 + seq,
         timestamp_sof=1_000_000_000 + seq,
         timestamp_eof=1_000_500_000 + seq,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from dms_messages import READY, driver
 
-from pipelines.dms.messages import DriverStateV2
+from pipelines.dms.messages import DriverStateV2, new_run_id
 from pipelines.dms.report import Message
 
 INTERVAL = 0.05
@@ -36,14 +36,17 @@ def ok(age: float = 0.03) -> Step:
 def records(
     steps: list[Step], *, extra: dict[str, object] | None = None
 ) -> list[dict[str, object]]:
-    """The steps' messages as records (``extra``: fields added to every record)."""
+    """The steps' messages as records, one run (with a run id of its own; ``extra``: fields added
+    to every record)."""
     out: list[dict[str, object]] = []
+    run_id = new_run_id()
     frame = 0
     for seq, step in enumerate(steps):
         frame += step.skip
         valid = step.state == "A" and not step.reason and not step.status
         message = DriverStateV2(
             seq=seq,
+            run_id=run_id,
             frame_id=-1 if step.status else frame,
             timestamp_sof=0 if step.status else START_NS + round(frame * INTERVAL * 1e9),
             timestamp_eof=0 if step.status else START_NS + round(frame * INTERVAL * 1e9) + 10**7,

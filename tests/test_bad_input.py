@@ -44,7 +44,10 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--health-port": [["70000"], ["-5"], ["x"], ["1.5"], ["65536"]],
     "--zmq": [["garbage"], ["tcp://127.0.0.1:99999"], ["tcp://10.1.2.3:5000"],
               ["udp://127.0.0.1:5"], ["tcp://127.0.0.1"], ["tcp://:5"], [""]],
-    "--jsonl": [["{missing}/out.jsonl"], ["{dir}"], [""]],
+    "--jsonl": [["{missing}/out.jsonl"], ["{dir}"], [""], ["{garbage}"]],
+    "--append": [["=yes"], []],
+    "--run-id": [[""], ["a b"], ["-x"], ["x" * 65], ["id/1"]],
+    "--summary-json": [["{missing}/summary.json"], ["{dir}"], [""]],
     "--allow-remote": [["=yes"]],
     "--raw-predictions": [["=1"]],
     "--no-budget": [["=on"]],
@@ -60,7 +63,11 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--warp-plan-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
     "--healthy-after": [["0"], ["-1"], ["nan"], ["inf"]],
     "--log-format": [["xml"], [""]],
+    "--output": [["{garbage}"], ["{missing}/out.dmsrec"], ["{dir}"], [""]],
 }  # fmt: skip
+
+COMMANDS = ("run", "replay", "record")
+"""The commands whose options the table covers."""
 
 # Through the Python API: values of the wrong type or out of range, for every field.
 BAD_FIELDS: dict[str, list[object]] = {
@@ -80,6 +87,8 @@ BAD_FIELDS: dict[str, list[object]] = {
     "health_port": [70000, -5, 1.5, True, "x"],
     "zmq": ["garbage", "tcp://127.0.0.1:99999", "tcp://10.1.2.3:5", 5],
     "jsonl": ["", 5],
+    "jsonl_append": ["yes", None, True],
+    "run_id": ["", "a b", 5],
     "mode": ["fast", None],
     "no_budget": ["yes", None],
     "allow_remote": ["yes", 1, None],
@@ -113,7 +122,8 @@ def _options(command: str) -> dict[str, argparse.Action]:
 
 def _argv(command: str, flag: str, values: list[str], paths: dict[str, str]) -> list[str]:
     values = [value.format(**paths) for value in values]
-    head = [command, "in.dmsrec"] if command == "replay" else [command]
+    heads = {"replay": [command, "in.dmsrec"], "record": [command, "--frames", "3", "-o", "new"]}
+    head = heads.get(command, [command])  # what the command needs, then the value to refuse
     if values and values[0].startswith("="):
         return [*head, flag + values[0], *values[1:]]
     return [*head, flag, *values]
@@ -130,14 +140,14 @@ def paths(tmp_path: Path) -> dict[str, str]:
 def _cases() -> list[tuple[str, str, list[str]]]:
     return [
         (command, flag, values)
-        for command in ("run", "replay")
+        for command in COMMANDS
         for flag in _options(command)
         for values in BAD_OPTIONS.get(flag, [])
     ]
 
 
 def test_every_option_of_every_command_has_bad_values_in_the_table():
-    for command in ("run", "replay"):
+    for command in COMMANDS:
         missing = sorted(set(_options(command)) - set(BAD_OPTIONS))
         assert not missing, f"{command}: options without bad values: {missing}"
         assert all(BAD_OPTIONS[flag] for flag in _options(command))

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from recordings_v1 import write_v1
 
 from aio_runtime import CameraTimeout, Ledger, now, wait_until
 from aio_runtime.testing import virtual_time
@@ -38,7 +39,7 @@ from pipelines.dms.camera import (
 )
 from pipelines.dms.camera_replay import (
     FILE_HEADER,
-    RECORD_HEADER,
+    RECORD_HEADER_V1,
     FrameRecorder,
     RecordingReader,
     ReplayCamera,
@@ -581,17 +582,28 @@ async def test_record_frames_records_a_source_up_to_a_count(tmp_path, ledger):
         assert reader.read(2).timestamp_sof - reader.read(0).timestamp_sof == 10_000_000
 
 
+def small_frames(count: int = 3, *, step_ns: int = 50_000_000) -> list[Frame]:
+    """64x48 frames, each of its own shade, ``step_ns`` apart."""
+    frames = []
+    for k in range(count):
+        y = np.full((48, 64), 20 + k, np.uint8)
+        uv = np.full((24, 64), 128, np.uint8)
+        sof = 1_000_000_000 + k * step_ns
+        frames.append(
+            Frame.from_planes(y, uv, frame_id=k, timestamp_sof=sof, timestamp_eof=sof + 1)
+        )
+    return frames
+
+
 def small_recording(path: Path, count: int = 3, *, step_ns: int = 50_000_000) -> list[int]:
-    """A recording of 64x48 frames; returns each record's byte offset."""
-    offsets = []
-    with FrameRecorder(path) as recorder:
-        for k in range(count):
-            y = np.full((48, 64), 20 + k, np.uint8)
-            uv = np.full((24, 64), 128, np.uint8)
-            sof = 1_000_000_000 + k * step_ns
-            frame = Frame.from_planes(y, uv, frame_id=k, timestamp_sof=sof, timestamp_eof=sof + 1)
-            offsets.append(FILE_HEADER.size + k * (RECORD_HEADER.size + frame.buffer.size))
-            recorder.write(frame)
+    """A recording of 64x48 frames written the old way (format version 1, uncompressed);
+    returns each record's byte offset."""
+    frames = small_frames(count, step_ns=step_ns)
+    offsets = write_v1(path, frames)
+    assert offsets == [
+        FILE_HEADER.size + k * (RECORD_HEADER_V1.size + frame.buffer.size)
+        for k, frame in enumerate(frames)
+    ]
     return offsets
 
 
@@ -611,7 +623,9 @@ def test_an_empty_or_foreign_file_is_not_a_recording(tmp_path):
         RecordingReader(path)
     small_recording(path)
     patch(path, 8, struct.pack("<I", 9))
-    with pytest.raises(ReplayFormatError, match=r"format version 9, this reader reads 1"):
+    with pytest.raises(
+        ReplayFormatError, match=r"format version 9, this reader reads versions 1 and 2"
+    ):
         RecordingReader(path)
 
 
@@ -690,7 +704,7 @@ async def test_a_replay_reads_every_frame_on_one_thread_of_its_own(tmp_path, led
 async def test_corrupt_frame_data_is_reported_when_that_frame_is_replayed(tmp_path, ledger):
     path = tmp_path / "x.dmsrec"
     offsets = small_recording(path, step_ns=1_000_000)
-    patch(path, offsets[1] + RECORD_HEADER.size + 100, b"\xff")
+    patch(path, offsets[1] + RECORD_HEADER_V1.size + 100, b"\xff")
     with anyio.fail_after(10):
         async with ReplayCamera(path) as replay:
             first = await anext(replay)

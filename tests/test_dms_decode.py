@@ -126,6 +126,7 @@ def test_decoded_fields_fill_the_published_message():
     fields = decode(output_for(table, {"face_prob_lhd": [2.0]}), table).fields
     message = DriverStateV2(
         seq=0,
+        run_id="decode-test",
         frame_id=7,
         timestamp_sof=0,
         timestamp_eof=0,

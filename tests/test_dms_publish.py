@@ -5,16 +5,17 @@ from __future__ import annotations
 import base64
 import gc
 import json
+import re
 import threading
 
 import anyio
 import numpy as np
 import pytest
-from dms_messages import message
+from dms_messages import RUN_ID, message
 
 from aio_runtime.testing import virtual_time
-from pipelines.dms.config import Mode
-from pipelines.dms.messages import READINESS_LAYERS, DriverStateV2
+from pipelines.dms.config import Mode, ServiceConfig
+from pipelines.dms.messages import READINESS_LAYERS, DriverStateV2, new_run_id
 from pipelines.dms.publish import (
     LIVE_BACKLOG,
     JsonLinesSink,
@@ -40,6 +41,21 @@ def test_the_record_uses_openpilot_names_plus_ours():
     assert json.loads(message().to_json())["valid"] is True
 
 
+def test_every_record_carries_its_run_id_after_its_sequence_number():
+    record = message(seq=4).to_record()
+    assert record["runId"] == RUN_ID
+    assert list(record)[:2] == ["seq", "runId"]
+    assert json.loads(message(valid=False).to_json())["runId"] == RUN_ID
+
+
+def test_a_fresh_run_id_is_the_time_then_a_random_suffix_and_differs_each_time():
+    first = new_run_id()
+    ids = {first, *(new_run_id() for _ in range(99))}
+    assert len(ids) == 100
+    assert re.fullmatch(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}", first), first
+    assert ServiceConfig(run_id=first).run_id == first  # a fresh id is one a user may give
+
+
 def test_an_invalid_message_says_why_and_carries_no_driver_data():
     record = message(valid=False).to_record()
     assert record["valid"] is False and record["leftDriverData"] is None
@@ -53,6 +69,8 @@ def test_an_invalid_message_says_why_and_carries_no_driver_data():
         ({"readiness": {"deviceOnline": True}}, "readiness lacks"),
         ({"left_driver_data": {"faceProb": 1.0}}, "exactly the fields"),
         ({"left_driver_data": None}, "valid message carries driver data"),
+        ({"run_id": ""}, "run_id must be a non-empty string"),
+        ({"run_id": None}, "run_id must be a non-empty string"),
     ],
 )
 def test_malformed_messages_are_refused_with_what_was_expected(change, complaint):

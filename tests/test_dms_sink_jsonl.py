@@ -8,7 +8,7 @@ import sys
 
 import anyio
 import pytest
-from dms_messages import message
+from dms_messages import RUN_ID, message
 
 from aio_runtime.testing import virtual_time
 from pipelines.dms.config import Mode
@@ -46,17 +46,41 @@ def read_to_end(fd: int) -> list[dict]:
     return [json.loads(line) for line in data.decode().splitlines()]
 
 
-def test_json_lines_go_to_a_file_one_record_per_line_appended(tmp_path):
+def test_json_lines_go_to_a_new_file_one_record_per_line(tmp_path):
     path = tmp_path / "out.jsonl"
-    path.write_text('{"seq":-1}\n')  # already there: kept
     sink = JsonLinesSink(path)
     for seq in range(3):
         sink.publish(message(seq))
     stats = sink.close()
-    lines = path.read_text().splitlines()
-    assert [json.loads(line)["seq"] for line in lines] == [-1, 0, 1, 2]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["seq"] for line in lines] == [0, 1, 2]
+    assert {line["runId"] for line in lines} == {RUN_ID}
     assert (stats.published, stats.delivered, stats.dropped, stats.failed) == (3, 3, 0, None)
     assert stats.name == f"jsonl {path}" and stats.delivery is Mode.LIVE
+
+
+def test_a_file_that_exists_is_refused_unless_appended_to(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"seq":-1}\n')  # an earlier run's
+    with pytest.raises(ValueError, match="the file exists") as refused:
+        JsonLinesSink(path)
+    assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+    assert path.read_text() == '{"seq":-1}\n'  # untouched
+    sink = JsonLinesSink(path, append=True)
+    for seq in range(2):
+        sink.publish(message(seq))
+    sink.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == [-1, 0, 1]  # kept, then appended
+
+
+def test_a_fifo_or_a_device_that_exists_is_written_to_without_appending(fifo):
+    path, reader = fifo
+    sink = JsonLinesSink(path)
+    sink.publish(message(0))
+    stats = sink.close()
+    assert stats.delivered == 1 and [line["seq"] for line in read_to_end(reader)] == [0]
+    JsonLinesSink("/dev/null").close()
 
 
 def test_a_path_that_cannot_be_written_is_refused_in_one_line(tmp_path, fifo):
@@ -81,7 +105,7 @@ def test_a_file_without_write_permission_is_refused(tmp_path):
     path.write_text("")
     path.chmod(0o444)
     with pytest.raises(ValueError, match="not writable"):
-        JsonLinesSink(path)
+        JsonLinesSink(path, append=True)
 
 
 @pytest.mark.parametrize("delivery", list(Mode))

@@ -95,6 +95,9 @@ def test_a_binary_file_is_not_json_lines_rather_than_a_decoding_error(tmp_path):
 def test_a_file_is_cut_into_runs_where_the_sequence_restarts_or_the_run_id_changes():
     two = messages([ok(), ok(), ok()]) + messages([ok(), ok()])
     assert [len(run) for run in split_runs(two)] == [3, 2]
+    unnamed = {"runId": None}  # written before messages carried a run id
+    old = messages([ok(), ok(), ok()], extra=unnamed) + messages([ok(), ok()], extra=unnamed)
+    assert [len(run) for run in split_runs(old)] == [3, 2]
     tagged = messages([ok(), ok()], extra={"runId": "a"}) + messages([ok()], extra={"runId": "b"})
     assert [len(run) for run in split_runs(tagged)] == [2, 1]
 

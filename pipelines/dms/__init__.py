@@ -3,8 +3,9 @@
 Implements openpilot's DMS chain (``dmonitoringmodeld``) on the runtime core, under per-frame
 deadlines, with an honest availability state. Modules:
 
-- ``camera``, ``camera_sources``, ``camera_video``, ``camera_replay``: frames (NV12), the cabin
-  cameras, and the synthetic, video-file and replay sources;
+- ``camera``, ``camera_sources``, ``camera_video``, ``camera_replay`` (with ``recording``,
+  ``recording_reader``): frames (NV12), the cabin cameras, and the synthetic, video-file and
+  replay sources, and recordings;
 - ``warp``: the model's input image, as openpilot warps it;
 - ``model``, ``model_metadata`` (with ``metadata_limits``, ``metadata_pickle``), ``model_runner``,
   ``reference_model``: the model contract (its metadata read within limits), the bundled reference
@@ -16,9 +17,10 @@ deadlines, with an honest availability state. Modules:
 - ``channels``: the slots between stages (latest-frame-wins live, hand-off replaying) and the
   frame accounting rule;
 - ``endpoints``: health and metrics over HTTP;
-- ``config`` (with ``config_values``): every setting, declared once;
-- ``faults``: scripted faults; ``service``: the service; ``run`` (with ``run_summary``):
-  ``aio-dms run`` and ``replay``.
+- ``config`` (with ``config_kinds``, ``config_values``): every setting, declared once;
+- ``faults``: scripted faults; ``service``: the service; ``run`` (with ``run_summary``,
+  ``run_progress``): ``aio-dms run`` and ``replay``; ``run_record``: ``aio-dms record``;
+- ``report``: ``aio-dms report``, pictures of a run; ``metrics``: the service's Prometheus series.
 
 What an embedding application needs is exported here, ``from pipelines.dms import DmsService,
 ServiceConfig, ...``; each name is imported from its module when first asked for, so importing

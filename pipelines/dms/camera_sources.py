@@ -215,7 +215,8 @@ def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
         if not paced:
             raise ValueError("the synthetic camera is live: replay a recording or a video file")
         return SyntheticCamera()
-    from .camera_replay import FILE_MAGIC, ReplayCamera
+    from .camera_replay import ReplayCamera
+    from .recording import FILE_MAGIC
 
     try:
         with spec.path.open("rb") as f:

@@ -14,7 +14,6 @@ calibration, the model's CPUs) may be given as that text: it is parsed once, as 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config_values as values
+from .config_kinds import CameraFile, CameraSpec, DeviceKind, Mode, Synthetic, parse_camera
 from .config_values import (
     Calibration,
     ModelCpus,
@@ -43,57 +43,6 @@ __all__ = [
     "setting",
     "settings",
 ]
-
-
-class Mode(enum.StrEnum):
-    """How the service takes its frames, and what its sinks do when a reader is slow."""
-
-    LIVE = "live"
-    """A camera (or a file played as one), paced: frames join the stages latest-frame-wins, each
-    frame's budget starts at its start of frame, and publishing never waits — a sink that cannot
-    keep up drops, counted."""
-    REPLAY = "replay"
-    """A file, as fast as the stages go: each stage waits for the next (no frame dropped), each
-    frame's budget starts when the camera stage hands it on, and sinks apply backpressure —
-    nothing is lost."""
-
-
-class DeviceKind(enum.StrEnum):
-    """Where the model runs."""
-
-    SIM = "sim"
-    """The simulated accelerator: a GPU behind a USB-PCIe bridge, through ``transports``."""
-    CPU = "cpu"
-    """onnxruntime on the CPU."""
-
-
-@dataclass(frozen=True)
-class Synthetic:
-    """The synthetic cabin camera."""
-
-    def __str__(self) -> str:
-        return "synthetic"
-
-
-@dataclass(frozen=True)
-class CameraFile:
-    """A video file or a recording of ours (replayed); which of the two, its first bytes say
-    when it is opened."""
-
-    path: Path
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-
-CameraSpec = Synthetic | CameraFile
-
-
-def parse_camera(text: str) -> CameraSpec:
-    """``synthetic``, or the path of a video file or a recording."""
-    if not text:
-        raise ValueError("camera: expected 'synthetic', a video file or a recording, got ''")
-    return Synthetic() if text == "synthetic" else CameraFile(Path(text))
 
 
 # --- declarations ----------------------------------------------------------------------------
@@ -211,9 +160,27 @@ class ServiceConfig:
         shown="off",
     )
     jsonl: str | None = setting(
-        None, "write messages as JSON lines to PATH (-: standard output)", metavar="PATH|-",
-        check=values.optional(values.text_value), shown="off",
-    )  # fmt: skip
+        None,
+        "write messages as JSON lines to PATH (-: standard output); a file that exists is "
+        "refused unless --append",
+        metavar="PATH|-",
+        check=values.optional(values.text_value),
+        shown="off",
+    )
+    jsonl_append: bool = setting(
+        False,
+        "append to the --jsonl file if it exists (each line's runId tells the runs apart)",
+        check=values.flag_value,
+        flag="--append",
+        shown="off",
+    )
+    run_id: str | None = setting(
+        None,
+        "the runId every message carries (letters, digits and . _ : -, at most 64)",
+        check=values.optional(values.run_id_value),
+        metavar="ID",
+        shown="a fresh one per start, UTC time and a random suffix",
+    )
     mode: Mode = setting(
         Mode.LIVE,
         "live: a camera, paced; replay: a file, as fast as the stages go, nothing lost",
@@ -332,6 +299,8 @@ class ServiceConfig:
                 f"backoff_max must be at least backoff_initial ({self.backoff_initial}), "
                 f"got {self.backoff_max}"
             )
+        if self.jsonl_append and self.jsonl in (None, "-"):
+            raise ValueError("jsonl_append (--append) is for a JSON lines file (--jsonl PATH)")
         if self.no_budget and self.mode is not Mode.REPLAY:
             raise ValueError("no_budget is for replays (mode 'replay', aio-dms replay)")
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
@@ -339,9 +308,10 @@ class ServiceConfig:
 
     def check_environment(self) -> None:
         """What depends on the machine: the camera and model files exist and can be read; the
-        JSON lines file can be written (its directory exists); the model's CPUs are CPUs this
-        process may use, with one left for the event loop. :class:`ValueError` saying what was
-        expected. (A port in use is found as the service binds it.)"""
+        JSON lines file can be written (its directory exists; a file already there only when
+        appending to it); the model's CPUs are CPUs this process may use, with one left for the
+        event loop. :class:`ValueError` saying what was expected. (A port in use is found as
+        the service binds it.)"""
         if isinstance(self.camera, CameraFile):
             values.readable_file(
                 "camera", self.camera.path, "expected 'synthetic', a video file or a recording"
@@ -350,6 +320,10 @@ class ServiceConfig:
             values.readable_file("model", self.model, "expected an ONNX model file")
         if self.jsonl is not None and self.jsonl != "-":
             values.writable_file("jsonl", Path(self.jsonl))
+            if not self.jsonl_append and Path(self.jsonl).is_file():
+                raise ValueError(
+                    f"jsonl {self.jsonl!r} exists: refused unless jsonl_append (--append) is set"
+                )
         self.placed_cpus()
 
     def placed_cpus(self) -> frozenset[int] | None:

@@ -49,6 +49,7 @@ __all__ = [
     "positive",
     "setting",
     "readable_file",
+    "run_id_value",
     "text_value",
     "threads_value",
     "within",
@@ -253,6 +254,15 @@ def path_value(value: Any) -> str | None:
 
 def text_value(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a path (or -)"
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+def run_id_value(value: Any) -> str | None:
+    if isinstance(value, str) and _RUN_ID.fullmatch(value):
+        return None
+    return "must be 1 to 64 letters, digits, '.', '_', ':' or '-', from a letter or digit"
 
 
 def model_cpus_value(value: Any) -> str | None:

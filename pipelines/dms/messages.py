@@ -8,6 +8,10 @@ Field names follow openpilot's schema (spec dms-contract §1.8, camelCase): ``fr
 when enabled: base64 of the little-endian float32 output). Added here:
 
 - ``seq``: a sequence number per publisher, from 0, so a subscriber sees what it missed;
+- ``runId``: which run of the service published it — the same in every message of one run (a
+  service's start), and different in every run: given (``ServiceConfig.run_id``, ``--run-id``), or
+  made fresh by :func:`new_run_id`, the UTC time of the start and a random suffix
+  (``20250612T101530.123Z-3f9a1c2b``), so that run ids sort by when the runs started;
 - ``timestampSof`` / ``timestampEof``: the frame's start/end-of-frame times (ns, camera clock);
 - ``recordedTimestampSof`` / ``recordedTimestampEof``: for a replayed frame only, the times it had
   when it was recorded (its ``timestampSof`` / ``timestampEof`` are re-timed onto the service's
@@ -31,8 +35,10 @@ reason — so a consumer on any sink hears of the stall instead of silence.
 from __future__ import annotations
 
 import base64
+import datetime
 import functools
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +52,7 @@ __all__ = [
     "READINESS_LAYERS",
     "READINESS_NAMES",
     "DriverStateV2",
+    "new_run_id",
     "readiness_record",
 ]
 
@@ -82,11 +89,20 @@ def readiness_record(readiness: Readiness) -> dict[str, bool]:
     return {name: readiness.is_up(layer) for layer, name in READINESS_NAMES.items()}
 
 
+def new_run_id() -> str:
+    """A fresh run id: the UTC time now to the millisecond and 32 random bits, as
+    ``YYYYMMDDTHHMMSS.mmmZ-xxxxxxxx`` (sorts by time; two runs in the same millisecond share one
+    with a chance of 1 in 2**32)."""
+    at = datetime.datetime.now(datetime.UTC)
+    return f"{at:%Y%m%dT%H%M%S}.{at.microsecond // 1000:03d}Z-{secrets.token_hex(4)}"
+
+
 @dataclass(frozen=True)
 class DriverStateV2:
     """One frame's outcome, as published."""
 
     seq: int
+    run_id: str
     frame_id: int
     timestamp_sof: int
     timestamp_eof: int
@@ -114,6 +130,8 @@ class DriverStateV2:
                 f"availability must be available, degraded or unavailable, got {self.availability!r}"
             )
         object.__setattr__(self, "availability", Availability(self.availability))
+        if not isinstance(self.run_id, str) or not self.run_id:
+            raise ValueError(f"run_id must be a non-empty string, got {self.run_id!r}")
         missing = [name for name in READINESS_LAYERS if name not in self.readiness]
         if missing:
             raise ValueError(f"readiness lacks the layers {missing}")
@@ -136,6 +154,7 @@ class DriverStateV2:
         """The JSON record (camelCase), the same for every sink."""
         record: dict[str, Any] = {
             "seq": self.seq,
+            "runId": self.run_id,
             "frameId": self.frame_id,
             "timestampSof": self.timestamp_sof,
             "timestampEof": self.timestamp_eof,

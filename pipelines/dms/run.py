@@ -1,5 +1,7 @@
-"""``aio-dms run`` (and ``aio-dms replay``): the DMS service from the command line, with a summary
-at the end and the exit codes of :class:`~pipelines.exit_codes.ExitCode`."""
+"""``aio-dms run`` (and ``aio-dms replay``): the DMS service from the command line, with a progress
+line on a terminal (:mod:`.run_progress`), a summary at the end — as text, and as a JSON document
+with ``--summary-json`` (:mod:`.run_summary`) — and the exit codes of
+:class:`~pipelines.exit_codes.ExitCode`."""
 
 from __future__ import annotations
 
@@ -7,20 +9,30 @@ import argparse
 import asyncio
 import dataclasses
 import sys
-import time
 from collections.abc import AsyncIterable, Callable
-from typing import Any, TextIO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import anyio
+from rich.console import Console
 
-from aio_runtime import configure_logging
+from aio_runtime import configure_logging, now
 
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .camera import Frame
-from .config import Mode, ServiceConfig, Setting, settings
-from .config_values import integer, number
-from .run_summary import format_summary
+from .config import CameraFile, Mode, ServiceConfig, Setting, settings
+from .config_values import integer, number, writable_file
+from .run_progress import ProgressDisplay, follow_progress, progress_console
+from .run_summary import (
+    RunFacts,
+    RunSummaryRecord,
+    format_record,
+    format_summary,
+    summary_record,
+    write_summary_json,
+)
 from .service import DmsService, StartupError, Summary
 
 __all__ = [
@@ -63,11 +75,17 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
         default="console",
         help="how log events are written to standard error (default: console)",
     )
+    parser.add_argument(
+        "--summary-json",
+        metavar="PATH",
+        help="write the run's summary to PATH as one JSON document as the command ends, "
+        "however it ends (a file there is replaced) (default: none)",
+    )
 
 
 def single_value_flags() -> set[str]:
     """The flags of ``run`` and ``replay`` that take one value (which may begin with ``-``)."""
-    flags = {"--log-format"}
+    flags = {"--log-format", "--summary-json"}
     for item, declared in settings():
         if not isinstance(item.default, bool) and not declared.together:
             flags.add(_flag(item, declared))
@@ -111,51 +129,83 @@ def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
     return " ".join(str(value) for value in defaults)
 
 
+@dataclass
+class _Served:
+    """What the service left, however ``_serve`` ended: the service (once made) and when it
+    ended on the loop's clock."""
+
+    service: DmsService | None = None
+    ended: float | None = None
+
+
 async def _serve(
-    config: ServiceConfig, stopping: Stopping, source: AsyncIterable[Frame] | None
-) -> Summary:
-    """The service's summary once it has ended: by itself, or stopped by a signal
-    (``stopping.requested`` then)."""
-    service = DmsService(config, source=source)
+    config: ServiceConfig,
+    stopping: Stopping,
+    source: AsyncIterable[Frame] | None,
+    served: _Served,
+    console: Console | None,
+) -> None:
+    """Run the service until it has ended: by itself, or stopped by a signal
+    (``stopping.requested`` then); its progress drawn on ``console``, if given."""
+    service = served.service = DmsService(config, source=source)
     loop = asyncio.get_running_loop()  # the command line runs on asyncio
     scope = anyio.CancelScope()
 
     def stop() -> None:
         loop.call_soon_threadsafe(scope.cancel)
 
-    with stopping.calling(stop):
-        with scope:
-            async with service, anyio.create_task_group() as tg:
-                for line in (await service.started()).lines():
-                    print(line, file=sys.stderr)  # where it listens, as bound
-                if config.mode is Mode.REPLAY and sys.stderr.isatty():
-                    tg.start_soon(_show_progress, service, sys.stderr)
-                await service.finished()
-                tg.cancel_scope.cancel()
-    return service.summary
-
-
-async def _show_progress(service: DmsService, stream: TextIO, every: float = 0.5) -> None:
-    """A replay's progress on one line of a terminal, redrawn as messages are published (at most
-    every ``every`` seconds): frames so far (of how many, where the file says), frames/s."""
-    started = shown = time.monotonic()
     try:
-        async for _ in service.messages():
-            at = time.monotonic()
-            if at - shown < every:
-                continue
-            shown = at
-            frames = service.summary.frames
-            total = service.source_length
-            done = f"{frames.received}" + (
-                f"/{total} ({100 * frames.received / total:.0f} %)" if total else ""
-            )
-            rate = frames.received / max(at - started, 1e-9)
-            stream.write(f"\rreplay: {done} frames, {rate:.0f} frames/s, {frames.valid} valid ")
-            stream.flush()
+        with stopping.calling(stop):
+            with scope:
+                async with service, anyio.create_task_group() as tg:
+                    for line in (await service.started()).lines():
+                        print(line, file=sys.stderr)  # where it listens, as bound
+                    if console is not None:
+                        label = "replay" if config.mode is Mode.REPLAY else "run"
+                        tg.start_soon(follow_progress, service, ProgressDisplay(console, label))
+                    await service.finished()
+                    tg.cancel_scope.cancel()
     finally:
-        stream.write("\n")
-        stream.flush()
+        served.ended = now()
+
+
+def _summary_path(text: str | None, config: ServiceConfig) -> Path | None:
+    """Where ``--summary-json`` writes (None: nowhere); :class:`ValueError` for a path that
+    cannot be written, or one the run reads or writes itself (its camera, model, JSON lines)."""
+    if text is None:
+        return None
+    if not text:
+        raise ValueError("--summary-json: expected a file path, got ''")
+    path = Path(text)
+    writable_file("--summary-json", path)
+    taken = {
+        "--camera": config.camera.path if isinstance(config.camera, CameraFile) else None,
+        "--model": config.model,
+        "--jsonl": Path(config.jsonl) if config.jsonl not in (None, "-") else None,
+    }
+    for flag, other in taken.items():
+        if other is not None and path.resolve() == other.resolve():
+            raise ValueError(f"--summary-json {text!r} is the {flag} file")
+    return path
+
+
+def _ending(
+    summary: Summary, stopping: Stopping, command: str
+) -> tuple[int, str | None, str | None]:
+    """How the run ended: its exit code, what stopped it (None: it ended by itself), why it
+    failed (None: it did not)."""
+    stopped = "signal" if stopping.requested else None
+    if summary.reader_closed is not None:
+        stopped = "standard output closed by its reader"
+    if stopped is not None:
+        return stopped_exit_code(command), stopped, None
+    if summary.sink_error is not None:
+        return ExitCode.FAILED, None, f"a sink failed: {summary.sink_error}"
+    if summary.camera_error is not None:
+        return ExitCode.FAILED, None, f"the camera failed: {summary.camera_error}"
+    if summary.frames.valid == 0:
+        return ExitCode.FAILED, None, "not one frame was valid"
+    return ExitCode.OK, None, None
 
 
 def run(
@@ -167,39 +217,74 @@ def run(
 ) -> int:
     """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
     where it listens at the start, on standard error (``health: http://HOST:PORT/``, ``zmq:
-    ADDRESS``); the summary at the end, on standard output (standard error when the messages go there);
-    the exit code. A signal before the service has started raises
-    :class:`~pipelines.stopping.Interrupted` (the entry point reports it, with
-    :func:`~pipelines.dms.run_summary.summary_before_start`)."""
+    ADDRESS``); the summary at the end, on standard output (standard error when the messages go
+    there), and as a JSON document where ``--summary-json`` says; the exit code. A signal before the
+    service has started raises :class:`~pipelines.stopping.Interrupted` (the entry point reports
+    it, with :func:`~pipelines.dms.run_summary.record_before_start`)."""
     command = f"aio-dms {args.command}"
     configure_logging(args.log_format)
     try:
         config = config_from(args, **fixed)  # the machine's side is checked as the service starts
+        summary_json = _summary_path(getattr(args, "summary_json", None), config)
     except ValueError as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return ExitCode.REFUSED
+    facts = RunFacts(
+        args.command,
+        run_id=config.run_id,
+        input=str(config.camera),
+        device=config.device.value,
+        model=str(config.model) if config.model is not None else "reference",
+    )
     out = sys.stderr if config.jsonl == "-" else sys.stdout
+    served = _Served()
+    console = progress_console(config, sys.stderr, sys.stdout)
     try:
-        summary = anyio.run(_serve, config, stopping, source)
+        anyio.run(_serve, config, stopping, source, served, console)
     except StartupError as exc:
         flag = flag_of(exc.setting) if exc.setting else None
         print(f"{command}: {exc}" + (f" [{flag}]" if flag else ""), file=sys.stderr)
         return ExitCode.REFUSED
+    except Exception as exc:  # a fault of ours: whatever summary there is, then the traceback
+        if served.service is not None and summary_json is not None:
+            failed = dataclasses.replace(
+                facts,
+                run_id=served.service.run_id,
+                exit_code=ExitCode.FAILED,
+                error=_described(exc),
+            )
+            _write(command, summary_json, summary_record(served.service.summary, failed))
+        raise
+    assert served.service is not None
+    summary = served.service.summary
     summary.frames.check()
-    stopped = "signal" if stopping.requested else None
+    code, stopped, error = _ending(summary, stopping, args.command)
+    facts = dataclasses.replace(
+        facts, run_id=served.service.run_id, exit_code=code, stopped=stopped, error=error
+    )
+    record = summary_record(summary, facts, ended=served.ended)
     if summary.reader_closed is not None:
-        stopped = "standard output closed by its reader"
         out = sys.stderr
-    print(format_summary(summary, stopped=stopped), file=out)
-    if stopped is not None:
-        return stopped_exit_code(args.command)
-    if summary.sink_error is not None:
-        print(f"{command}: a sink failed: {summary.sink_error}", file=sys.stderr)
-        return ExitCode.FAILED
-    if summary.camera_error is not None:
-        print(f"{command}: the camera failed: {summary.camera_error}", file=sys.stderr)
-        return ExitCode.FAILED
-    if summary.frames.valid == 0:
-        print(f"{command}: not one frame was valid", file=sys.stderr)
-        return ExitCode.FAILED
-    return ExitCode.OK
+    print(format_record(record), file=out)
+    if error is not None:
+        print(f"{command}: {error}", file=sys.stderr)
+    if summary_json is not None and not _write(command, summary_json, record):
+        return ExitCode.FAILED if code == ExitCode.OK else code
+    return code
+
+
+def _described(exc: BaseException) -> str:
+    """``exc`` in one line, a group by its first error."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _described(exc.exceptions[0])
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _write(command: str, path: Path, record: RunSummaryRecord) -> bool:
+    """Write the summary document; False (said on standard error) if it could not be."""
+    try:
+        write_summary_json(path, record)
+    except OSError as exc:
+        print(f"{command}: the summary could not be written to {path}: {exc}", file=sys.stderr)
+        return False
+    return True

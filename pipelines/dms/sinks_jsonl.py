@@ -13,9 +13,11 @@ A write that fails — a full disk (``/dev/full``), a pipe whose reader went awa
 ends the sink: :meth:`JsonLinesSink.failure` is a :class:`~.sinks_policy.SinkFailed`, logged once,
 and :meth:`JsonLinesSink.wait_failure` returns it at once; what was held, and everything published
 after, is dropped (counted). Standard output closed by its reader (``| head``) is a
-:class:`~.sinks_policy.ReaderClosed` instead: an end, not a failure. An existing file is appended
-to. A path that cannot be opened for writing (a missing directory, a directory, no permission, a
-FIFO that no one reads) is a :class:`ValueError` at construction, in one line.
+:class:`~.sinks_policy.ReaderClosed` instead: an end, not a failure. A regular file that exists
+is refused unless ``append=True`` (then appended to): the lines of one run are never mixed into
+another's by accident. A path that cannot be opened for writing (a missing directory, a directory,
+no permission, a FIFO that no one reads, a file that exists) is a :class:`ValueError` at
+construction, in one line; FIFOs and devices are written to as they are.
 
 :meth:`JsonLinesSink.close` lets the thread write what is held for at most ``timeout`` seconds and
 counts the rest as dropped; one exception to exactness: a write the kernel itself holds (a
@@ -77,12 +79,17 @@ class JsonLinesSink:
         delivery: Mode = Mode.LIVE,
         backlog: int = LIVE_BACKLOG,
         name: str | None = None,
+        append: bool = False,
     ) -> None:
         self._backlog = check_backlog(backlog)
         self._delivery = delivery
         self._stdout = str(path) == "-"
         self._name = name or f"jsonl {path}"
-        self._fd = _open_stdout(self._name) if self._stdout else _open_path(Path(path), self._name)
+        self._fd = (
+            _open_stdout(self._name)
+            if self._stdout
+            else _open_path(Path(path), self._name, append=append)
+        )
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._lock = threading.Lock()
@@ -289,7 +296,7 @@ def _open_stdout(name: str) -> int:
         raise ValueError(f"{name}: standard output is not an open file") from None
 
 
-def _open_path(path: Path, name: str) -> int:
+def _open_path(path: Path, name: str, *, append: bool) -> int:
     parent = path.parent
     if not parent.exists():
         raise ValueError(f"{name}: directory {parent} does not exist")
@@ -297,6 +304,11 @@ def _open_path(path: Path, name: str) -> int:
         raise ValueError(f"{name}: {parent} is not a directory")
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
+        if not append:
+            with contextlib.suppress(FileExistsError):  # a FIFO or a device: opened below
+                return os.open(path, flags | os.O_EXCL, 0o644)
+            if path.is_file():
+                raise ValueError(f"{name}: the file exists (refused unless appending to it)")
         return os.open(path, flags, 0o644)
     except IsADirectoryError:
         raise ValueError(f"{name}: is a directory, expected a file to write") from None

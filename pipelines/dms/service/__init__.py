@@ -97,6 +97,7 @@ class DmsService:
             self.device,
             raw_predictions=cfg.raw_predictions,
             mode=cfg.mode,
+            run_id=cfg.run_id,
         )
         self.metrics = self.outcomes.metrics
         self.health_port: int | None = None
@@ -111,6 +112,11 @@ class DmsService:
     @property
     def summary(self) -> Summary:
         return self.outcomes.summary
+
+    @property
+    def run_id(self) -> str:
+        """The ``runId`` of every message this service publishes (``config.run_id``, or fresh)."""
+        return self.outcomes.run_id
 
     @property
     def source_length(self) -> int | None:
@@ -140,7 +146,7 @@ class DmsService:
             with refused("zmq"):
                 self.outcomes.open_sinks(zmq=cfg.zmq, allow_remote=cfg.allow_remote)
             with refused("jsonl"):
-                self.outcomes.open_sinks(jsonl=cfg.jsonl)
+                self.outcomes.open_sinks(jsonl=cfg.jsonl, append=cfg.jsonl_append)
             self._tg = await started_group(self._run)
         except BaseException:  # the sinks opened so far (say, one before one that failed)
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound

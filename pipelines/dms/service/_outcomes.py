@@ -32,7 +32,7 @@ from ..camera_sources import clock_ns
 from ..channels import FrameAccounting
 from ..config import Mode
 from ..decode import DriverStateFields
-from ..messages import DriverStateV2, readiness_record
+from ..messages import DriverStateV2, new_run_id, readiness_record
 from ..metrics import DeviceFacts, Metrics
 from ..publish import (
     JsonLinesSink,
@@ -100,8 +100,11 @@ class FrameOutcomes:
         *,
         raw_predictions: bool = False,
         mode: Mode = Mode.LIVE,
+        run_id: str | None = None,
     ) -> None:
         self.availability = availability
+        self.run_id = run_id or new_run_id()
+        """Every message's ``runId``: as given, or fresh."""
         self.metrics = Metrics()
         self.summary = Summary(FrameAccounting())
         self.mode = mode
@@ -119,14 +122,20 @@ class FrameOutcomes:
         """The newest frame's start of frame (ns)."""
 
     def open_sinks(
-        self, *, zmq: str | None = None, jsonl: str | None = None, allow_remote: bool = False
+        self,
+        *,
+        zmq: str | None = None,
+        jsonl: str | None = None,
+        allow_remote: bool = False,
+        append: bool = False,
     ) -> None:
-        """Publish on ZeroMQ and as JSON lines too (each if given); :class:`OSError` for one
-        that cannot be opened (its address in use, its file not writable)."""
+        """Publish on ZeroMQ and as JSON lines too (each if given; ``append``: to a JSON lines
+        file that exists); :class:`OSError` for one that cannot be opened (its address in use,
+        its file not writable, or there already unless appending)."""
         if zmq:
             self.sinks.add(ZmqSink(zmq, delivery=self.mode, allow_remote=allow_remote))
         if jsonl:
-            self.sinks.add(JsonLinesSink(jsonl, delivery=self.mode))
+            self.sinks.add(JsonLinesSink(jsonl, delivery=self.mode, append=append))
 
     async def room(self) -> None:
         """Replaying: wait until every sink has room for the next frame's messages."""
@@ -207,6 +216,7 @@ class FrameOutcomes:
         self._send(
             DriverStateV2(
                 seq=self._seq,
+                run_id=self.run_id,
                 frame_id=-1,
                 timestamp_sof=0,
                 timestamp_eof=0,
@@ -240,6 +250,7 @@ class FrameOutcomes:
             raw = output.astype("<f4").tobytes()
         message = DriverStateV2(
             seq=self._seq,
+            run_id=self.run_id,
             frame_id=frame.frame_id,
             timestamp_sof=frame.timestamp_sof,
             timestamp_eof=frame.timestamp_eof,
