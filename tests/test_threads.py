@@ -335,3 +335,62 @@ async def test_submitted_is_for_calls_handed_to_a_worker():
         await run_in_thread(
             lambda: None, submitted=print, awaited="x", error=ModelTimeout, timeout=1
         )
+
+
+# -- the interpreter's exit ---------------------------------------------------------------------
+
+EXITING = """
+import sys, threading, time
+from pathlib import Path
+from aio_runtime import WorkerThread
+
+out, started = Path(sys.argv[1]), threading.Event()
+
+def call(n):
+    started.set()
+    time.sleep(0.2)  # the call still running as the interpreter exits
+    with out.open("a") as f:
+        f.write(f"{n}\\n")
+
+worker = WorkerThread("exiting")
+for n in range(3):
+    worker.submit(lambda n=n: call(n))
+started.wait(10)
+"""
+
+
+def test_the_interpreter_s_exit_waits_for_the_call_running_and_starts_no_queued_one(tmp_path):
+    """A native call returning into a finalised interpreter aborts the process (onnxruntime:
+    'terminate called without an active exception'): exit waits for the running call instead,
+    and the calls queued behind it never start."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "calls"
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "0\n"
+
+
+def test_exit_waits_for_running_calls_within_its_grace_only():
+    from aio_runtime._core._threads import _Running
+
+    running, release, inside = _Running(), threading.Event(), threading.Event()
+
+    def call() -> None:
+        with running.call() as allowed:
+            assert allowed
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert inside.wait(10)
+    assert running.wait_at_exit(timeout=0.01) is False  # still running: exit goes on after grace
+    with running.call() as allowed:
+        assert allowed is False  # exiting: no new call starts
+    release.set()
+    thread.join(10)
+    assert running.wait_at_exit(timeout=10) is True

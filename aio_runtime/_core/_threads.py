@@ -16,15 +16,21 @@ thread to take the GIL, up to the interpreter's switch interval on a busy proces
 the event loop. A call that never returns then holds up the later calls on that worker (each still
 bounded; one whose bound is reached while it is still queued is withdrawn at once, never run).
 The call runs in a copy of the caller's context (log context, ledger).
+
+The interpreter's exit waits up to :data:`EXIT_GRACE` for the calls still running on these threads
+(one abandoned by its bound, say) and starts no queued one: a native call (an onnxruntime run)
+that returned into a finalised interpreter would abort the process.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import contextvars
 import os
 import queue
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import TypeVar, Unpack, overload
 
 from ._bounds import BoundArgs, OwnBound, SharedBound, resolve_bound
@@ -33,9 +39,52 @@ from ._completion import Completion
 from ._ownership import LedgerKind, current_ledger
 from ._waits import drain, wait_complete
 
-__all__ = ["PendingCall", "WorkerThread", "run_in_thread"]
+__all__ = ["EXIT_GRACE", "PendingCall", "WorkerThread", "run_in_thread"]
 
 T = TypeVar("T")
+
+EXIT_GRACE = 2.0
+"""Seconds the interpreter's exit waits for calls still running on worker threads."""
+
+
+class _Running:
+    """The calls running on worker threads, for the interpreter's exit to wait for."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._count = 0
+        self._exiting = False
+        self._registered = False
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[bool]:
+        """Around a call on a worker thread: yields False once the interpreter is exiting (the
+        call is then not made)."""
+        with self._changed:
+            allowed = not self._exiting
+            if allowed:
+                self._count += 1
+            if allowed and not self._registered:
+                atexit.register(self.wait_at_exit)
+                self._registered = True
+        if not allowed:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._changed:
+                self._count -= 1
+                self._changed.notify_all()
+
+    def wait_at_exit(self, timeout: float = EXIT_GRACE) -> bool:
+        """No call starts from now on; wait for the running ones (at most ``timeout``)."""
+        with self._changed:
+            self._exiting = True
+            return self._changed.wait_for(lambda: self._count == 0, timeout)
+
+
+_RUNNING = _Running()
 
 
 class PendingCall:
@@ -63,7 +112,9 @@ class PendingCall:
         with self._lock:
             work, self._started = self._work, self._work is not None
         if work is not None:
-            work()
+            with _RUNNING.call() as allowed:
+                if allowed:
+                    work()
 
 
 class WorkerThread:
@@ -195,7 +246,9 @@ async def run_in_thread(
 
         stop = withdraw_or_stop
     else:
-        threading.Thread(target=work, name=f"worker: {awaited}", daemon=True).start()
+        threading.Thread(
+            target=PendingCall(work).run, name=f"worker: {awaited}", daemon=True
+        ).start()
     try:
         return await wait_complete(
             done, awaited=awaited, within=bound, cancel=stop, drain_timeout=drain_timeout
