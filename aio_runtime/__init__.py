@@ -62,7 +62,7 @@ from ._core._policy import DEFAULT_POLICY, PollPolicy
 from ._core._resources import AsyncResource, ExcInfo
 from ._core._signals import Fence, TimelineSignal, serial_reached
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
-from ._core._threads import PendingCall, WorkerThread, run_in_thread
+from ._core._threads import EXIT_GRACE, PendingCall, WorkerThread, run_in_thread
 from ._core._waits import (
     ProbeArgs,
     drain,
@@ -77,6 +77,7 @@ __version__ = _distribution_version()
 """The version of the installed ``aio-dms`` distribution (``aio-dms --version``)."""
 
 __all__ = [
+    "EXIT_GRACE",
     "DEFAULT_POLICY",
     "AllocatorStatistics",
     "AsyncResource",
