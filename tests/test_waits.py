@@ -278,10 +278,29 @@ async def test_yield_first_lets_the_producer_run_before_the_first_read(yield_fir
     policy = PollPolicy(yield_first=yield_first)
     async with anyio.create_task_group() as tg:
         tg.start_soon(producer)  # runs at the waiter's first yield
-        await wait_until(
-            probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy
-        )
+        await wait_until(probe, bool, awaited="x", error=SignalTimeout, timeout=1.0, policy=policy)
     assert state["reads"] == reads
+
+
+async def test_an_async_read_is_not_made_once_the_bound_is_reached_before_the_first_read():
+    """The bound expires in the yield before the first read: a timeout, not the read's coroutine
+    taken for its value."""
+    reads = []
+
+    async def probe() -> int:
+        reads.append(now())
+        return 1
+
+    with pytest.raises(SignalTimeout, match="timed out"):
+        await wait_until(
+            probe,
+            bool,
+            awaited="x",
+            error=SignalTimeout,
+            timeout=0,
+            policy=PollPolicy(yield_first=True),
+        )
+    assert reads == []
 
 
 def test_poll_policy_intervals_spin_then_grow_to_the_cap():

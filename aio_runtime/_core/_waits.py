@@ -306,9 +306,13 @@ async def wait_until(
                 await anyio.sleep(min(delay, bound.at - t))
     if scope.cancelled_caught and not probe_is_async:
         value = probe()
-        if predicate(value):
+        if inspect.isawaitable(value):  # the bound was reached before the first read: no late one
+            if inspect.iscoroutine(value):
+                value.close()
+        elif predicate(value):
             return bound.step_done(value)
-        bound.note(awaited, expected, value)
+        else:
+            bound.note(awaited, expected, value)
     raise bound.timed_out()
 
 
