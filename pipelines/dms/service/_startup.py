@@ -9,6 +9,7 @@ and a failure of any of them is one :class:`StartupError` out of ``async with Dm
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -22,6 +23,11 @@ from ..config import ServiceConfig
 from ..endpoints import serve
 from ._device import ModelDevice
 from ._stages import Warpers, plan_warps
+
+# anyio imports a backend's module on its first call there: in an asyncio application that has
+# not used anyio yet, that would be as the service starts, on its event loop (about 20 ms of
+# imports). It is imported with the service instead.
+importlib.import_module("anyio._backends._asyncio")
 
 __all__ = [
     "StartupError",
