@@ -24,10 +24,11 @@ from ..endpoints import serve
 from ._device import ModelDevice
 from ._stages import Warpers, plan_warps
 
-# anyio imports a backend's module on its first call there: in an asyncio application that has
-# not used anyio yet, that would be as the service starts, on its event loop (about 20 ms of
-# imports). It is imported with the service instead.
-importlib.import_module("anyio._backends._asyncio")
+# Imported with the service rather than on an application's event loop as the service starts:
+# anyio's asyncio backend, which anyio imports on its first call there (about 20 ms), and the
+# health endpoints' server, which they import as they start (about 100 ms).
+for _module in ("anyio._backends._asyncio", "hypercorn.config", "hypercorn.asyncio"):
+    importlib.import_module(_module)
 
 __all__ = [
     "StartupError",
