@@ -7,10 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 import structlog
 
-from aio_runtime import LogEvent, configure_logging, get_logger, log_context
+from aio_runtime import (
+    LogEvent,
+    ModelTimeout,
+    configure_logging,
+    get_logger,
+    log_context,
+    run_in_thread,
+)
 from aio_runtime.testing import capture_logs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +110,30 @@ def test_context_is_removed_after_the_block():
     assert "frame_id" not in entries[1]
 
 
+@pytest.mark.anyio
+async def test_context_reaches_tasks_started_inside_the_block_and_worker_threads(host_handler):
+    log = get_logger("pipelines.dms.stage")
+
+    async def child() -> None:
+        log.info("in a child task")
+
+    with log_context(frame_id=3, stage="model"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(child)
+        await run_in_thread(
+            lambda: log.info("on a worker thread"), awaited="x", error=ModelTimeout, timeout=5
+        )
+    log.info("after")
+    contexts = [
+        (r.msg["event"], r.msg.get("frame_id"), r.msg.get("stage")) for r in host_handler.records
+    ]
+    assert contexts == [
+        ("in a child task", 3, "model"),
+        ("on a worker thread", 3, "model"),
+        ("after", None, None),
+    ]
+
+
 def test_bad_arguments_are_rejected_even_when_already_configured():
     assert configure_logging("json", stream=io.StringIO())
     with pytest.raises(ValueError, match="mode"):
@@ -148,6 +180,7 @@ def test_an_exception_logged_is_the_records_exc_info(host_handler):
         get_logger("pipelines.x").exception("session failed again")
     for record in host_handler.records:
         assert record.exc_info is not None and record.exc_info[1] is error
+        assert record.msg["exc_info"] is error  # taken as it was logged, not as it is formatted
         assert record.levelno == logging.ERROR and record.pathname == __file__
         text = logging.Formatter().format(record)
         assert text.startswith("session failed") and "KeyError: 'lost'" in text

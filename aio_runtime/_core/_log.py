@@ -60,6 +60,8 @@ def _to_record(
     # The record's place (pathname, lineno, funcName) is the caller's, past structlog's frames.
     kwargs: dict[str, Any] = {**wrapped, "stacklevel": _STRUCTLOG_FRAMES + 1}
     exc_info = event.get("exc_info")
+    if exc_info is True:  # the exception being handled, taken now: a handler may format it later
+        exc_info = event["exc_info"] = sys.exc_info()[1]
     if exc_info:
         kwargs["exc_info"] = exc_info
     return (LogEvent(event),), kwargs
