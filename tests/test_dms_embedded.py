@@ -6,14 +6,13 @@ threads, not on the application's event loop."""
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 
 import anyio
 import onnx
 import onnxruntime
 import pytest
-import structlog
+from quiet_host import unconfigured_logging
 
 from aio_runtime.testing import TransitionRecorder
 from pipelines.dms import camera_synthetic, model
@@ -98,27 +97,16 @@ async def test_the_synthetic_cameras_scene_is_built_on_a_worker_thread(where):
     assert len(where.threads["scene"]) == 2
 
 
-@pytest.fixture
-def unconfigured(monkeypatch):
-    """An application that never configured logging: no handler on the root logger (not even
-    pytest's), structlog on its defaults (which print to standard output)."""
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])
-    previous = structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    structlog.configure(**previous)
-
-
-async def test_an_embedded_service_writes_nothing_to_standard_output_or_error(unconfigured, capfd):
+async def test_an_embedded_service_writes_nothing_to_standard_output_or_error(capfd):
     config = ServiceConfig(
         frames=40, health_port=None, calib=(0.0, 0.0, 0.0), faults="gpu-hang@5+5"
     )
     service = DmsService(config)
-    with TransitionRecorder(service.availability) as recorder:
+    with unconfigured_logging(), TransitionRecorder(service.availability) as recorder:
         await run_service(service)
     # The hang was met (the session failed and was reopened: warnings were logged), and not one
     # byte reached file descriptors 1 or 2.
-    reasons = [state.reason for state in recorder.states()]
-    assert any("gpu" in reason.lower() and "timed out" in reason for reason in reasons), reasons
+    reasons = [state.reason for state in recorder.states() if state.reason]
+    assert any("gpu-queue" in reason and "timed out" in reason for reason in reasons), reasons
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")

@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 import structlog
+from quiet_host import unconfigured_logging
 
 from aio_runtime import (
     LogEvent,
@@ -45,17 +46,6 @@ def host_handler():
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(level)
-
-
-@pytest.fixture
-def unconfigured(monkeypatch):
-    """Logging as a host that never configured it has it: no handler on the root logger (not
-    even pytest's) and structlog on its defaults (which print to standard output)."""
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])
-    previous = structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    structlog.configure(**previous)
 
 
 def test_json_mode_writes_one_json_object_per_event_with_bound_context():
@@ -140,12 +130,13 @@ def test_bad_arguments_are_rejected_even_when_already_configured():
         configure_logging("xml")  # type: ignore[arg-type]
 
 
-def test_unconfigured_the_runtimes_loggers_write_nothing_at_all(unconfigured, capfd):
-    for name in ("aio_runtime.health", "transports.gpu.session", "pipelines.dms.sinks_jsonl"):
-        log = get_logger(name)
-        log.info("an event")
-        log.warning("a warning")  # Python's last-resort handler would print this one
-        log.error("an error", error="DeviceLost: gone")
+def test_unconfigured_the_runtimes_loggers_write_nothing_at_all(capfd):
+    with unconfigured_logging():
+        for name in ("aio_runtime.health", "transports.gpu.session", "pipelines.dms.sinks_jsonl"):
+            log = get_logger(name)
+            log.info("an event")
+            log.warning("a warning")  # Python's last-resort handler would print this one
+            log.error("an error", error="DeviceLost: gone")
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
 
