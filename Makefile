@@ -46,6 +46,7 @@ bench: setup
 	$(PY) -m benchmarks.recovery
 	$(PY) -m benchmarks.load
 	$(PY) -m benchmarks.soak
+	$(PY) -m benchmarks.embed
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples scripts

@@ -46,7 +46,7 @@ from ._core._health import (
     Transition,
     reason_kind,
 )
-from ._core._log import configure_logging, get_logger, log_context
+from ._core._log import LogEvent, configure_logging, get_logger, log_context
 from ._core._mailbox import Mailbox, MailboxLayout, MemoryRegisters, RegisterFile, wait_register
 from ._core._notifier import Notifier
 from ._core._ownership import (
@@ -101,6 +101,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "LedgerKind",
+    "LogEvent",
     "Mailbox",
     "MailboxLayout",
     "MemoryRegisters",

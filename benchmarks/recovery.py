@@ -28,14 +28,12 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse
 import json
-import logging
 import math
 import statistics
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import anyio
-import structlog
 
 from aio_runtime import Availability, now
 from pipelines.dms.camera import Frame
@@ -208,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.trials < 1 or not 0.1 < args.duration <= 5:
         parser.error("--trials must be >= 1 and --duration in (0.1, 5] seconds")
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     bench = anyio.run(measure, args.trials, args.duration)
     print(f"recovery, real time: {args.trials} trials per kind, faults of {args.duration} s")
     print(

@@ -37,7 +37,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse
 import json
-import logging
 import os
 import statistics
 import threading
@@ -48,7 +47,6 @@ from typing import Any
 
 import anyio
 import numpy as np
-import structlog
 
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
@@ -285,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.frames < 500:
         parser.error("--frames must be at least 500")
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     progress = [0]
     threading.Thread(
         target=_watchdog, args=(lambda: progress[0], args.stall_limit), daemon=True

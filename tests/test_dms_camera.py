@@ -59,6 +59,13 @@ async def take(source: AsyncIterator[Frame], count: int) -> list[Frame]:
     return [await anext(source) for _ in range(count)]
 
 
+async def opened(camera: SyntheticCamera) -> SyntheticCamera:
+    """The camera with its scenes built (on a worker thread, in real time: a test then enters
+    virtual time, which a thread's work does not hold back)."""
+    await camera.open()
+    return camera
+
+
 async def workers_returned(ledger: Ledger) -> None:
     """Every worker thread a source started has returned (a worker leaves the ledger just after
     handing over its result, so this is awaited rather than asserted at once)."""
@@ -263,6 +270,7 @@ async def test_synthetic_frames_have_camerads_ids_and_timestamps_and_arrive_at_e
     camera = SyntheticCamera()
     assert isinstance(camera, FrameSource)
     with anyio.fail_after(30):
+        await camera.open()  # its scene, built on a worker thread: in real time
         async with virtual_time(), camera:
             start = clock_ns()
             frames, arrivals = [], []
@@ -284,8 +292,9 @@ async def test_synthetic_frames_have_camerads_ids_and_timestamps_and_arrive_at_e
 
 async def test_synthetic_timing_is_the_same_on_every_run():
     async def offsets() -> list[int]:
+        camera = await opened(SyntheticCamera(jitter=0.002, seed=3, drop={4}))
         async with virtual_time():
-            frames = await take(SyntheticCamera(jitter=0.002, seed=3, drop={4}), 12)
+            frames = await take(camera, 12)
         return [f.timestamp_sof - frames[0].timestamp_sof for f in frames]
 
     with anyio.fail_after(30):
@@ -294,8 +303,9 @@ async def test_synthetic_timing_is_the_same_on_every_run():
 
 async def test_the_synthetic_scene_moves_and_stays_in_video_range():
     with anyio.fail_after(30):
+        camera = await opened(SyntheticCamera())
         async with virtual_time():
-            first, second = await take(SyntheticCamera(), 2)
+            first, second = await take(camera, 2)
     assert first.buffer is not second.buffer
     assert np.mean(first.y != second.y) > 0.1
     for frame in (first, second):
@@ -308,9 +318,9 @@ async def test_the_synthetic_scene_moves_and_stays_in_video_range():
 
 async def test_frames_ends_the_stream_and_aclose_ends_it_early():
     with anyio.fail_after(30):
+        three, camera = await opened(SyntheticCamera(frames=3)), await opened(SyntheticCamera())
         async with virtual_time():
-            assert len([f async for f in SyntheticCamera(frames=3)]) == 3
-            camera = SyntheticCamera()
+            assert len([f async for f in three]) == 3
             await anext(camera)
             await camera.aclose()
             assert camera.closed
@@ -321,6 +331,7 @@ async def test_frames_ends_the_stream_and_aclose_ends_it_early():
 async def test_a_consumer_that_gives_up_waiting_loses_no_frame():
     camera = SyntheticCamera()
     with anyio.fail_after(30):
+        await camera.open()
         async with virtual_time():
             first = await anext(camera)
             with anyio.move_on_after(0.010):  # frame 1 is due 50 ms after frame 0
@@ -334,6 +345,7 @@ async def test_a_consumer_that_gives_up_waiting_loses_no_frame():
 async def test_dropped_frames_skip_their_ids_and_their_periods():
     camera = SyntheticCamera(drop={2, 3, 7}, frames=6)
     with anyio.fail_after(30):
+        await camera.open()
         async with virtual_time():
             frames = [f async for f in camera]
     assert [f.frame_id for f in frames] == [0, 1, 4, 5, 6, 8]
@@ -345,9 +357,10 @@ async def test_dropped_frames_skip_their_ids_and_their_periods():
 async def test_jitter_stays_within_its_bound_and_frames_stay_in_order():
     jitter = 0.003
     with anyio.fail_after(60):
+        camera = await opened(SyntheticCamera(jitter=jitter, seed=11))
         async with virtual_time():
             start = clock_ns()
-            frames = await take(SyntheticCamera(jitter=jitter, seed=11), 200)
+            frames = await take(camera, 200)
     deviations = [f.timestamp_sof - (start + f.frame_id * PERIOD_NS) for f in frames]
     assert max(abs(d) for d in deviations) <= jitter * 1e9
     assert max(abs(d) for d in deviations) > jitter * 1e9 / 2  # it does jitter
@@ -364,8 +377,9 @@ def test_jitter_of_half_a_period_or_more_is_refused():
 
 async def test_a_resolution_change_switches_to_the_other_cameras_geometry_and_readout():
     with anyio.fail_after(30):
+        camera = await opened(SyntheticCamera(switch_at=3))
         async with virtual_time():
-            frames = await take(SyntheticCamera(switch_at=3), 6)
+            frames = await take(camera, 6)
     assert [f.size for f in frames] == [(1928, 1208)] * 3 + [(1344, 760)] * 3
     assert [f.buffer.size for f in frames[2:4]] == [4_804_608, 2_428_928]
     assert frames[3].stride == 1408
@@ -375,8 +389,9 @@ async def test_a_resolution_change_switches_to_the_other_cameras_geometry_and_re
 
 async def test_the_os_camera_can_be_the_starting_geometry():
     with anyio.fail_after(30):
+        camera = await opened(SyntheticCamera("os_fisheye"))
         async with virtual_time():
-            (frame,) = await take(SyntheticCamera("os_fisheye"), 1)
+            (frame,) = await take(camera, 1)
     assert frame.size == (1344, 760) and frame.y.shape == (760, 1344)
 
 
@@ -723,11 +738,27 @@ async def test_a_missing_recording_is_a_clear_error(tmp_path, ledger):
         await workers_returned(ledger)
 
 
+async def test_a_synthetic_frames_buffer_is_used_again_only_once_nothing_refers_to_it():
+    camera = await opened(SyntheticCamera())
+    with anyio.fail_after(30):
+        async with virtual_time():
+            kept = await anext(camera)
+            y, before = kept.y, kept.y.copy()  # a view of its buffer, and what it shows
+            del kept
+            for _ in range(12):  # more frames than the camera keeps buffers for, each let go
+                await anext(camera)
+            assert np.array_equal(y, before)  # the view kept its buffer from being used again
+            first = (await anext(camera)).buffer.ctypes.data  # let go at once
+            again = (await anext(camera)).buffer.ctypes.data
+    assert again == first
+
+
 async def test_a_synthetic_frame_costs_about_one_buffer_copy():
     """A loose guard (shared, noisy machines): typically 0.3-0.5 ms, far under a frame period."""
     camera = SyntheticCamera()
     costs = []
     with anyio.fail_after(30):
+        await camera.open()
         async with virtual_time():  # the pacing takes no real time: what is left is the work
             for _ in range(30):
                 start = time.perf_counter()

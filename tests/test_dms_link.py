@@ -139,11 +139,12 @@ async def test_while_a_session_opens_its_transport_the_probe_opens_no_second_one
 
 
 async def test_a_transport_that_cannot_be_opened_yet_is_no_answer_of_a_device_that_is_back():
-    """The device is away for its first second; opening a transport to it takes 30 ms (less
-    than the probe's bound: at a tie, which of the two ends first would be decided by the
-    rounding of the clock's floats), then finds none. The supervisor's probes while an attempt opens its transport hear nothing from
-    the device: no attempt is abandoned as though it answered, each attempt opens one
-    transport, and the session opens on the first probe that finds the device back."""
+    """The device is away for its first second; opening a transport to it takes 30 ms, then
+    finds none (30 ms: under the probe's bound; at a tie, which one ended first would be
+    decided by the rounding of the clock's floats). The supervisor's probes while an attempt
+    opens its transport hear nothing from the device: no attempt is abandoned as though it
+    answered, each attempt opens one transport, and the session opens on the first probe that
+    finds the device back."""
     machine = AvailabilityMachine()
     async with virtual_time(), SimDevice() as sim:
         opener = Opener(sim)

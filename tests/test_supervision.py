@@ -7,7 +7,6 @@ import random
 
 import anyio
 import pytest
-import structlog
 
 from aio_runtime import (
     Availability,
@@ -289,26 +288,20 @@ async def test_cancelling_supervision_during_an_overrunning_teardown_stops_it():
     assert "retrying" not in machine.state.reason
 
 
-def test_a_typed_fault_renders_as_one_line_at_warning(monkeypatch):
+def test_a_typed_fault_renders_as_one_line_at_warning():
     """What an operator's log shows for an expected restart: one line, no traceback."""
     from aio_runtime import configure_logging
-    from aio_runtime._core import _log as log_module
 
-    monkeypatch.setattr(log_module, "_configured", False)
-    previous = structlog.get_config()
     stream = io.StringIO()
-    try:
-        configure_logging("console", stream=stream, level="warning")
-        device = FlakyDevice(failures=1)
-        supervisor = Supervisor("gpu", device.open, device.run, backoff=Backoff(initial=0.1, cap=1))
+    configure_logging("console", stream=stream, level="warning")  # undone after the test
+    device = FlakyDevice(failures=1)
+    supervisor = Supervisor("gpu", device.open, device.run, backoff=Backoff(initial=0.1, cap=1))
 
-        async def main():
-            async with virtual_time():
-                await supervisor.run()
+    async def main():
+        async with virtual_time():
+            await supervisor.run()
 
-        anyio.run(main)
-    finally:
-        structlog.configure(**previous)
+    anyio.run(main)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1, lines
     assert "session failed" in lines[0] and "bridge not enumerated" in lines[0]

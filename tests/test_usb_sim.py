@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import pytest
 from fake_pcie import FakeGpu
@@ -18,7 +20,9 @@ from aio_runtime import (
 from aio_runtime.testing import virtual_time
 from transports.protocol.bridge import FENCE_XDATA
 from transports.sim import Fault, FaultPlan, FaultRule
+from transports.sim import usb as sim_usb
 from transports.sim.bridge import SimBridge
+from transports.sim.urb import SimUrb, UrbStatus
 from transports.sim.usb import SimUsbTransport
 from transports.usb import CONTROL_IN, CONTROL_OUT, ShortTransfer, UsbStall
 
@@ -133,3 +137,34 @@ async def test_leaving_async_with_closes_the_transport():
         await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 1, timeout=1)
     with pytest.raises(DeviceLost, match="transport closed"):
         await usb.control_out(CONTROL_OUT, 0xE5, FENCE_XDATA, 1, timeout=1)
+
+
+async def test_a_completed_transfer_is_freed_without_the_garbage_collector(monkeypatch):
+    """No reference cycle per transfer (URB, its callback, the completion holding the URB):
+    cyclic garbage at the rate transfers go would make the collector's full passes, tens of
+    milliseconds with the event loop held, frequent."""
+    urbs: list[weakref.ref[SimUrb]] = []
+
+    class TrackedUrb(SimUrb):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            urbs.append(weakref.ref(self))
+
+    monkeypatch.setattr(sim_usb, "SimUrb", TrackedUrb)
+    usb, _ = transport()
+    gc.disable()
+    try:
+        for _ in range(3):
+            await usb.control_in(CONTROL_IN, 0xE4, FENCE_XDATA, 0, 1, timeout=1.0)
+        alive = [ref for ref in urbs if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(urbs) == 3 and alive == []
+
+
+def test_a_urb_lets_go_of_its_callback_once_it_has_called_it():
+    calls = []
+    urb = SimUrb(0x81, length=4, on_complete=calls.append)
+    urb.complete(UrbStatus.COMPLETED, actual=4, result=b"abcd")
+    urb.complete(UrbStatus.CANCELLED)  # ignored: the first outcome stands
+    assert calls == [urb] and urb.on_complete is None and urb.status is UrbStatus.COMPLETED

@@ -12,6 +12,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._core._health import Availability, AvailabilityMachine, AvailabilityState, Transition
+from .._core._log import event_of
 
 __all__ = ["TransitionRecorder", "capture_logs"]
 
@@ -73,17 +74,39 @@ class TransitionRecorder:
                 self._seen.append(await self._stream.receive())
 
 
+class _Capture(logging.Handler):
+    def __init__(self, entries: list[MutableMapping[str, Any]]) -> None:
+        super().__init__()
+        self.entries = entries
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = event_of(record)
+        if event is not None:
+            self.entries.append(event)
+
+
 @contextlib.contextmanager
 def capture_logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    """Capture structlog events as dicts, with contextvars (frame id, stage, device) merged in."""
-    capture = structlog.testing.LogCapture()
+    """Capture log events as dicts, in order, with contextvars (frame id, stage, device) merged
+    in and their ``log_level``: the events of :func:`aio_runtime.get_logger`'s loggers (through
+    a handler on the root logger, whose level is lowered to let every level through for the
+    block; a logger given a level of its own still filters) and of bare structlog loggers."""
+    entries: list[MutableMapping[str, Any]] = []
+    structlog_capture = structlog.testing.LogCapture()
+    structlog_capture.entries = entries
     previous = structlog.get_config()
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, capture],
+        processors=[structlog.contextvars.merge_contextvars, structlog_capture],
         wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),  # every level
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    level, handler = root.level, _Capture(entries)
+    root.addHandler(handler)
+    root.setLevel(logging.NOTSET)
     try:
-        yield capture.entries
+        yield entries
     finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
         structlog.configure(**previous)

@@ -290,8 +290,9 @@ def _check_buffer(buffer: object, layout: Nv12Layout, where: str) -> None:
 class Frame:
     """One NV12 camera frame.
 
-    The frame owns ``buffer`` (sources hand out a fresh buffer per frame and never reuse it), so a
-    consumer may keep a frame as long as it likes. ``y`` and ``uv`` are views into the buffer.
+    The frame owns ``buffer`` (sources never reuse a buffer that anything still refers to: a
+    frame, a view of it), so a consumer may keep a frame as long as it likes. ``y`` and ``uv``
+    are views into the buffer.
     ``recorded_sof`` / ``recorded_eof`` are the timestamps a replayed frame had when it was
     recorded (``None`` for a live frame); ``timestamp_sof`` / ``timestamp_eof`` are always on the
     clock of the service that receives it.

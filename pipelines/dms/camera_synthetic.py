@@ -2,16 +2,23 @@
 (openpilot's ``liveCalibration``), both paced on the loop clock (see
 :mod:`pipelines.dms.camera_sources`), with drops, jitter, a resolution change and stale or
 non-finite calibration on request.
+
+The camera's scene is built once per geometry and process, on a worker thread (a few hundred
+milliseconds of numpy, which the event loop does not wait through): in a test under
+:func:`~aio_runtime.testing.virtual_time`, ``await camera.open()`` first, or hold the clock for
+it (``hold=threads_busy()``, asyncio).
 """
 
 from __future__ import annotations
 
-import functools
 import math
+import sys
 from collections.abc import Collection, Mapping
 
 import numpy as np
 import numpy.typing as npt
+
+from aio_runtime import CameraTimeout, run_in_thread
 
 from .camera import (
     AR_OX_FISHEYE,
@@ -31,7 +38,7 @@ from .camera_sources import (
     wait_until_ns,
 )
 
-__all__ = ["SyntheticCalibration", "SyntheticCamera"]
+__all__ = ["SCENE_TIMEOUT", "SyntheticCalibration", "SyntheticCamera"]
 
 Buffer = npt.NDArray[np.uint8]
 
@@ -95,21 +102,49 @@ class _Scene:
         tail.flags.writeable = False
         self.tail = tail
 
-    def render(self, step: int) -> Buffer:
+    def render(self, step: int, buffer: Buffer) -> Buffer:
         layout = self.layout
         start = _triangle(step * _ROWS_PER_FRAME, _SCROLL_ROWS) * layout.stride + _triangle(
             step * _COLUMNS_PER_FRAME, self.columns
         )
-        buffer = np.empty(layout.size, dtype=np.uint8)
         buffer[: layout.uv_offset] = self.tape[start : start + layout.uv_offset]
         buffer[layout.uv_offset :] = self.tail
         return buffer
 
 
-@functools.cache
-def _scene(camera: CameraConfig) -> _Scene:
-    """The scene of a geometry, built once per process (≈0.1 s) and shared (read-only)."""
-    return _Scene(camera)
+class _Buffers:
+    """Frame buffers of one size. A buffer is used again for a new frame once nothing refers to it
+    (no frame, no view of it: a view refers to the buffer it views), so a frame is one copy into
+    memory already mapped — a fresh 4.8 MB buffer costs its page faults too, milliseconds on a
+    busy machine. At most ``keep`` buffers are kept; past that, frames get buffers of their
+    own."""
+
+    def __init__(self, size: int, keep: int = 8) -> None:
+        self.size = size
+        self.keep = keep
+        self._kept: list[Buffer] = []
+
+    def take(self) -> Buffer:
+        for i in range(len(self._kept)):
+            if sys.getrefcount(self._kept[i]) == 2:  # this list's reference and the call's own
+                return self._kept[i]
+        buffer = np.empty(self.size, dtype=np.uint8)
+        if len(self._kept) < self.keep:
+            self._kept.append(buffer)
+        return buffer
+
+
+SCENE_TIMEOUT = 10.0
+"""Seconds the scenes of a camera's geometries may take to build (typically 0.1-0.4 s)."""
+
+_scenes: dict[CameraConfig, _Scene] = {}
+"""The scene of each geometry built so far in this process, shared (read-only)."""
+
+
+def _build_scenes(cameras: Collection[CameraConfig]) -> None:
+    for camera in cameras:
+        if camera not in _scenes:
+            _scenes[camera] = _Scene(camera)
 
 
 class SyntheticCamera(SourceBase):
@@ -124,7 +159,11 @@ class SyntheticCamera(SourceBase):
     * ``switch_at`` — from this frame id on, frames have ``switch_to``'s geometry (default: the
       other cabin camera's), as when a stream restarts at another resolution.
 
-    Making a frame costs one copy of the buffer (≈0.3 ms for 1928x1208).
+    The scene of each geometry it will need is built on a worker thread by :meth:`open`, or by the
+    first frame (:class:`~aio_runtime.CameraTimeout` past :data:`SCENE_TIMEOUT`), whose capture
+    period starts after that. Making a frame then costs one copy of the buffer (≈0.3 ms for
+    1928x1208), into a buffer of an earlier frame that nothing refers to any more, if there is
+    one: a frame is never changed while anything holds it or a view of it.
     """
 
     def __init__(
@@ -153,13 +192,26 @@ class SyntheticCamera(SourceBase):
         self.switch_at = _count(switch_at, "switch_at")
         self.switch_to = other_camera(self.camera) if switch_to is None else _camera(switch_to)
         self._rng = np.random.default_rng(seed)
-        _scene(self.camera)  # precompute before the first frame is due
-        if self.switch_at is not None:
-            _scene(self.switch_to)
+        self._buffers: dict[CameraConfig, _Buffers] = {}
         self._origin_ns: int | None = None
         self._next_id = 0
         self.dropped = 0
         """Frame ids skipped so far (``drop``)."""
+
+    async def open(self) -> None:
+        """Build the scene of each geometry the camera will need (on a worker thread, bounded by
+        :data:`SCENE_TIMEOUT`), unless this process has built it already: the first frame does
+        it otherwise, before its capture period starts."""
+        cameras = [self.camera] if self.switch_at is None else [self.camera, self.switch_to]
+        missing = [camera for camera in cameras if camera not in _scenes]
+        if missing:
+            names = " and ".join(f"{c.width}x{c.height}" for c in missing)
+            await run_in_thread(
+                lambda: _build_scenes(missing),
+                awaited=f"the synthetic camera's scene ({names})",
+                error=CameraTimeout,
+                timeout=SCENE_TIMEOUT,
+            )
 
     def camera_at(self, frame_id: int) -> CameraConfig:
         """The geometry of frame ``frame_id``."""
@@ -185,12 +237,15 @@ class SyntheticCamera(SourceBase):
         if self.frames is not None and self.delivered >= self.frames:
             raise StopAsyncIteration
         if self._origin_ns is None:
+            await self.open()  # before the first frame is due
             self._origin_ns = clock_ns()
         frame_id, jitter = self._next_capture()
         camera = self.camera_at(frame_id)
         sof = self._origin_ns + frame_id * self.period_ns + jitter
+        scene = _scenes[camera]
+        buffers = self._buffers.setdefault(camera, _Buffers(scene.layout.size))
         return Frame(
-            _scene(camera).render(frame_id),
+            scene.render(frame_id, buffers.take()),
             camera.width,
             camera.height,
             nv12_layout(camera.width, camera.height).stride,

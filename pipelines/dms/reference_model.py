@@ -39,6 +39,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from numpy.random import default_rng  # imported with the module, not by the first build
 from onnx import TensorProto, helper, numpy_helper
 
 from .decode import PROBABILITY_HEADS, SIDES, WHEEL_ON_RIGHT_HEAD, face_descs_head
@@ -145,6 +146,8 @@ def _finish(
     name: str,
     checkpoint: str,
     description: str,
+    *,
+    check: bool,
 ) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, _inputs(), [_output()], initializer=initializers)
     model = helper.make_model(
@@ -155,13 +158,16 @@ def _finish(
         doc_string=description,
     )
     _metadata(model, checkpoint, description)
-    onnx.checker.check_model(model)
+    if check:
+        onnx.checker.check_model(model)
     return model
 
 
-def build_reference_model(seed: int = REFERENCE_SEED) -> onnx.ModelProto:
-    """The reference model (see the module docstring): untrained, weights drawn from ``seed``."""
-    rng = np.random.default_rng(seed)
+def build_reference_model(seed: int = REFERENCE_SEED, *, check: bool = True) -> onnx.ModelProto:
+    """The reference model (see the module docstring): untrained, weights drawn from ``seed``;
+    ``check``: validated by onnx's checker (whose first run in a process holds the interpreter
+    for about 20 ms)."""
+    rng = default_rng(seed)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
@@ -214,6 +220,7 @@ def build_reference_model(seed: int = REFERENCE_SEED) -> onnx.ModelProto:
         REFERENCE_CHECKPOINT if seed == REFERENCE_SEED else f"aio-dms reference (seed {seed})",
         "UNTRAINED reference model with openpilot's driver-monitoring I/O contract: deterministic "
         f"random weights (seed {seed}); its outputs carry no information about the driver.",
+        check=check,
     )
 
 
@@ -227,7 +234,7 @@ def build_stalling_model(matmuls: int = 400, size: int = 512) -> onnx.ModelProto
             f"need matmuls >= 1 and a size that divides {INPUT_IMG_SHAPE[1]} with at least size "
             f"rows; got matmuls={matmuls}, size={size}"
         )
-    rng = np.random.default_rng(1)
+    rng = default_rng(1)
     orthogonal, _ = np.linalg.qr(rng.standard_normal((size, size)))
     tiles = -(-_OUTPUT_LENGTH // size)
     inits = [
@@ -263,6 +270,7 @@ def build_stalling_model(matmuls: int = 400, size: int = 512) -> onnx.ModelProto
         "aio-dms stalling test model (untrained)",
         f"UNTRAINED test model with the DMS contract that spends its time in {matmuls} matrix "
         "products; for overrun tests.",
+        check=True,
     )
 
 
@@ -299,12 +307,15 @@ def reference_model_path(cache_dir: str | Path | None = None) -> Path:
 
     The name is keyed by the hash of the bytes the builder produces now, so a changed recipe (or a
     numpy whose random stream differs) never picks up a stale file, and a file whose bytes do not
-    match its name is rebuilt.
+    match its name is rebuilt. The model is checked (onnx's checker) as it is written: a file
+    that holds the same bytes was checked then.
     """
-    data = build_reference_model().SerializeToString(deterministic=True)
+    model = build_reference_model(check=False)
+    data = model.SerializeToString(deterministic=True)
     digest = hashlib.sha256(data).hexdigest()
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = folder / f"dms-reference-{digest[:16]}.onnx"
     if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:
         return path
+    onnx.checker.check_model(model)
     return _write_bytes(data, path)

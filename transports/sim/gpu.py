@@ -8,7 +8,9 @@ down: registers, firmware and queues reset, VRAM lost — the next session must 
 
 from __future__ import annotations
 
+import mmap
 import struct
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +45,9 @@ class SimGpu:
                 f"VRAM size must be a whole number of MiB, at least 4, got {vram_size}"
             )
         self.plan = plan
-        self.vram = bytearray(vram_size)
+        # Anonymous memory, zeroed page by page as it is first touched: no memset of the whole
+        # VRAM (tens of milliseconds) on the event loop as the device is made or powered off.
+        self.vram = mmap.mmap(-1, vram_size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._vram_view = memoryview(self.vram)
         self.bridge: SimBridge | None = None
         self.registers: dict[int, int] = {}
@@ -291,8 +295,14 @@ class SimGpu:
             return
         self._reset_blocks()
         self.registers.clear()  # scratch registers included: the next boot is a full one
-        self.vram[:] = bytes(len(self.vram))
+        self._clear_vram()
         self.notify()
+
+    def _clear_vram(self) -> None:
+        if sys.platform.startswith("linux"):  # private anonymous pages read as zeros again
+            self.vram.madvise(mmap.MADV_DONTNEED)
+        else:
+            self.vram[:] = bytes(len(self.vram))
 
 
 class SimDevice:

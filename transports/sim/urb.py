@@ -63,5 +63,9 @@ class SimUrb:
         if self.status is not None:
             return
         self.status, self.actual, self.result, self.error = status, actual, result, error
-        if self.on_complete is not None:
-            self.on_complete(self)
+        # Called once, then let go: a callback that keeps the URB (through the completion it
+        # sets) would otherwise make a reference cycle of every transfer, freed only by the
+        # garbage collector's full passes, which then run often and long.
+        callback, self.on_complete = self.on_complete, None
+        if callback is not None:
+            callback(self)

@@ -6,7 +6,7 @@ a camera that stops delivering an UNAVAILABLE service that says so on every sink
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Awaitable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import anyio
 
@@ -38,12 +38,20 @@ class Limits(Protocol):
     mode: Mode
 
 
+@runtime_checkable
+class _Openable(Protocol):
+    """A source that opens before its first frame (bounded by its own timeouts)."""
+
+    async def open(self) -> object: ...
+
+
 class Camera:
     """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
     and counted, until the source ends or the ``limits`` are reached (frames, duration); each
     frame's deadline is its start of frame plus the ``limits``' budget (:data:`UNBUDGETED` with
     ``no_budget``) — replaying, the budget starts as the frame is handed on
-    (:meth:`handed_on`). A camera that cannot be
+    (:meth:`handed_on`). A source with an ``open()`` is opened first (the synthetic camera's
+    scene, a file), which the watchdog does not count as a stall. A camera that cannot be
     opened, or fails, ends the stream, reported. The duration bounds the stream whatever the
     source does (a recording with a long gap, a file that stops delivering)."""
 
@@ -88,6 +96,8 @@ class Camera:
         if isinstance(source, (Synthetic, CameraFile)):
             source = self.source = open_camera(source, paced=not self.replay)
         async with closing(source):
+            if isinstance(source, _Openable):  # a scene to build, a file to open: not a stall
+                await self._held_by(source.open())
             with anyio.move_on_after(self.duration):  # None: no limit
                 await self._take(source, outbox)
 
@@ -114,7 +124,7 @@ class Camera:
         job.start = now()
         job.deadline = job.start + self.budget
 
-    async def _held_by(self, wait: Awaitable[None]) -> None:
+    async def _held_by(self, wait: Awaitable[object]) -> None:
         """Wait on the stages or the sinks: time that is not the camera's."""
         self._held += 1
         try:

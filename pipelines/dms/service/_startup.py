@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,12 @@ from ..config import ServiceConfig
 from ..endpoints import serve
 from ._device import ModelDevice
 from ._stages import Warpers, plan_warps
+
+# Imported with the service rather than on an application's event loop as the service starts:
+# anyio's asyncio backend, which anyio imports on its first call there (about 20 ms), and the
+# health endpoints' server, which they import as they start (about 100 ms).
+for _module in ("anyio._backends._asyncio", "hypercorn.config", "hypercorn.asyncio"):
+    importlib.import_module(_module)
 
 __all__ = [
     "BoundEndpoints",
