@@ -162,6 +162,7 @@ async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
     assert {reason_kind(m.reason) for m in messages if m.frame_id >= 3} <= {
         "frame budget",
         "no valid output",
+        "recovering",  # a frame that made its budget after late ones (the machine's speed)
     }
     opened = [t for _, t in service.summary.transitions if "opening session" in t]
     assert len(opened) == 1, opened
