@@ -223,6 +223,8 @@ async def test_a_start_cancelled_stays_a_cancellation_and_a_waiter_hears_of_it(a
     assert scope.cancelled_caught
     with pytest.raises(StartupError, match="stopped before it had started"):
         await service.started()
+    with anyio.fail_after(5), pytest.raises(StartupError, match="stopped before it had started"):
+        await service.finished()  # it never ran: it never ends, and says so
 
 
 # -- messages: the availability member and the reason's kind -----------------------------------

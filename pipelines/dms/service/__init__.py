@@ -179,7 +179,9 @@ class DmsService:
         return self._bound
 
     async def finished(self) -> Summary:
-        """The summary, once the service has ended (by itself, or stopped)."""
+        """The summary, once the service has ended (by itself, or stopped). :class:`StartupError`
+        if it could not start, or was stopped before it had (as :meth:`started`)."""
+        await self.started()  # a service that never ran never ends
         await self._done.wait()
         return self.summary
 
