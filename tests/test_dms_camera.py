@@ -37,18 +37,18 @@ from pipelines.dms.camera import (
     nv12_layout,
     other_camera,
 )
-from pipelines.dms.camera_replay import (
-    FILE_HEADER,
-    RECORD_HEADER_V1,
-    FrameRecorder,
-    RecordingReader,
-    ReplayCamera,
-    ReplayFormatError,
-    record_frames,
-)
+from pipelines.dms.camera_replay import ReplayCamera
 from pipelines.dms.camera_sources import FrameSource, clock_ns
 from pipelines.dms.camera_synthetic import SyntheticCalibration, SyntheticCamera
 from pipelines.dms.camera_video import VideoDecodeError, VideoFileCamera, bgr_to_nv12
+from pipelines.dms.recording import (
+    FILE_HEADER,
+    RECORD_HEADER_V1,
+    FrameRecorder,
+    ReplayFormatError,
+    record_frames,
+)
+from pipelines.dms.recording_reader import RecordingReader
 
 pytestmark = pytest.mark.anyio
 
@@ -693,7 +693,7 @@ def test_time_going_back_is_corrupt(tmp_path):
 async def test_a_replay_reads_every_frame_on_one_thread_of_its_own(tmp_path, ledger, monkeypatch):
     import threading
 
-    from pipelines.dms.camera_replay import RecordingReader
+    from pipelines.dms.recording_reader import RecordingReader
 
     path = tmp_path / "cabin.dmsrec"
     threads: list[threading.Thread] = []

@@ -12,9 +12,9 @@ from test_dms_service_io import CPU, cabin_recording
 from aio_runtime import Ledger, now, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.dms.camera import Frame
-from pipelines.dms.camera_replay import RecordingReader
 from pipelines.dms.camera_sources import CLOSE_BOUND, clock_ns, closing
 from pipelines.dms.config import Mode, ServiceConfig
+from pipelines.dms.recording_reader import RecordingReader
 from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

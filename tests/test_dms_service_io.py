@@ -19,10 +19,10 @@ from test_dms_endpoints import get
 from test_dms_service import run
 
 from pipelines.dms.camera import Frame
-from pipelines.dms.camera_replay import FrameRecorder
 from pipelines.dms.camera_sources import clock_ns
 from pipelines.dms.camera_synthetic import SyntheticCamera
 from pipelines.dms.config import ServiceConfig
+from pipelines.dms.recording import FrameRecorder
 from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

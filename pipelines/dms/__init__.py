@@ -34,7 +34,7 @@ if typing.TYPE_CHECKING:
     from aio_runtime import Availability, AvailabilityState, Reason, Transition
 
     from .camera import Frame
-    from .camera_replay import ReplayCamera, record_frames
+    from .camera_replay import ReplayCamera
     from .camera_sources import CalibrationSample, FrameSource
     from .camera_synthetic import SyntheticCalibration, SyntheticCamera
     from .camera_video import VideoFileCamera
@@ -43,6 +43,7 @@ if typing.TYPE_CHECKING:
     from .faults import FaultSpec, parse_faults
     from .messages import DriverStateV2
     from .publish import SubscriptionStalled
+    from .recording import record_frames
     from .service import BoundEndpoints, DmsService, StartupError, Summary
     from .service._backends import TransportOpener
 
@@ -79,7 +80,8 @@ __all__ = [
 _HOMES = {
     "aio_runtime": ("Availability", "AvailabilityState", "Reason", "Transition"),
     ".camera": ("Frame",),
-    ".camera_replay": ("ReplayCamera", "record_frames"),
+    ".camera_replay": ("ReplayCamera",),
+    ".recording": ("record_frames",),
     ".camera_sources": ("CalibrationSample", "FrameSource"),
     ".camera_synthetic": ("SyntheticCalibration", "SyntheticCamera"),
     ".camera_video": ("VideoFileCamera",),

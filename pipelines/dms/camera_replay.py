@@ -15,34 +15,9 @@ from pathlib import Path
 
 from .camera import Frame
 from .camera_sources import SourceBase, clock_ns
-from .recording import (
-    FILE_HEADER,
-    FILE_MAGIC,
-    FORMAT_VERSION,
-    RECORD_HEADER,
-    RECORD_HEADER_V1,
-    RECORD_MARKER,
-    FrameRecorder,
-    RecordHeader,
-    ReplayFormatError,
-    record_frames,
-)
 from .recording_reader import RecordingReader
 
-__all__ = [
-    "FILE_HEADER",
-    "FILE_MAGIC",
-    "FORMAT_VERSION",
-    "RECORD_HEADER",
-    "RECORD_HEADER_V1",
-    "RECORD_MARKER",
-    "FrameRecorder",
-    "RecordHeader",
-    "RecordingReader",
-    "ReplayCamera",
-    "ReplayFormatError",
-    "record_frames",
-]
+__all__ = ["ReplayCamera"]
 
 
 class ReplayCamera(SourceBase):
