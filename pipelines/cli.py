@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from typing import NoReturn
 
-from . import __version__
 from .dms.run_summary import RunFacts, format_record, record_before_start, write_summary_json
 from .exit_codes import ExitCode, stopped_exit_code
 from .stopping import Interrupted, Stopping
@@ -92,6 +92,8 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
         "recording that failed, or model-info of a model that fails its check, 2 refused before "
         "work started, 130 a replay or a recording interrupted, or a second signal.",
     )
+    from . import __version__  # not at import: the runtime it loads would delay Stopping.install
+
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands.add_parser(
@@ -223,6 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped_before_work(argv)
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found, not imported: the report imports it only once
+    its input has been read)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # blocked (None in sys.modules)
+        return False
+
+
 def _needs_extra(command: str, missing: str) -> int:
     print(
         f"aio-dms {command}: the DMS service needs the dms extra, which is not installed "
@@ -252,9 +263,7 @@ def _main(argv: list[str], stopping: Stopping) -> int:
 
         return record(args, stopping)
     if args.command == "report":
-        try:  # its pictures need the extra too
-            importlib.import_module("matplotlib")
-        except ModuleNotFoundError:
+        if not _installed("matplotlib"):  # its pictures need the extra too
             return _needs_extra("report", "matplotlib")
         from .dms.report.command import report
 

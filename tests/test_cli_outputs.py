@@ -222,3 +222,34 @@ def test_the_summary_document_is_refused_a_file_the_run_reads_or_writes(taken, t
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"is the --{taken} file" in err[0], err
     assert recording.read_bytes() == before and not jsonl.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_standard_output_whose_reader_has_gone_still_gets_the_summary_json_and_no_traceback(
+    tmp_path,
+):
+    summary = tmp_path / "summary.json"
+    with subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "run", *CPU, "--frames", "5",
+         "--summary-json", str(summary)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    ) as child:  # fmt: skip
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()  # the reader leaves before the summary is printed
+        stderr = child.stderr.read()
+        child.wait(timeout=100)
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr[-2000:]
+    assert "frames received      5" in stderr  # printed where someone still reads
+    check_schema(json.loads(summary.read_text()))
+
+
+def test_importing_the_command_line_loads_none_of_the_runtime():
+    """The entry point installs its signal handling first thing: whatever the module imports
+    before that is a window in which Ctrl-C is not the command's (a signal then could be lost)."""
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, pipelines.cli; print(sorted("
+         "m for m in ('aio_runtime', 'numpy', 'anyio') if m in sys.modules))"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -111,7 +111,7 @@ class Channel:
 
     @contextlib.asynccontextmanager
     async def hold(self, holder: str) -> AsyncIterator[None]:
-        try:  # free: taken at once (as the bounded acquire would be), no bound to set up
+        try:  # free: taken at once, with no bound to set up (the body's waits are bounded)
             self._lock.acquire_nowait()
         except anyio.WouldBlock:
             awaited = f"{self.name} for {holder} (held by {self.holder or 'nobody'})"

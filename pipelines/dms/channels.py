@@ -140,12 +140,15 @@ class FrameAccounting:
     def receive(self) -> None:
         self.received += 1
 
-    def published(self, valid: bool, reason: str = "") -> None:
-        """Count a published frame; an invalid one under its reason's kind."""
+    def published(self, valid: bool, reason: str = "") -> str | None:
+        """Count a published frame; an invalid one under its reason's kind, which is returned
+        (None for a valid frame)."""
         if valid:
             self.valid += 1
-        else:
-            self.invalid[reason_kind(reason) or "unspecified"] += 1
+            return None
+        kind = reason_kind(reason) or "unspecified"
+        self.invalid[kind] += 1
+        return kind
 
     def drop(self, stage: str) -> None:
         self.dropped[stage] += 1

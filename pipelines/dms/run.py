@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 from rich.console import Console
@@ -29,7 +30,6 @@ from .run_summary import (
     RunFacts,
     RunSummaryRecord,
     format_record,
-    format_summary,
     summary_record,
     write_summary_json,
 )
@@ -39,7 +39,6 @@ __all__ = [
     "add_arguments",
     "config_from",
     "flag_of",
-    "format_summary",
     "run",
     "single_value_flags",
 ]
@@ -265,12 +264,23 @@ def run(
     record = summary_record(summary, facts, ended=served.ended)
     if summary.reader_closed is not None:
         out = sys.stderr
-    print(format_record(record), file=out)
+    written = summary_json is None or _write(command, summary_json, record)
+    _print_summary(format_record(record), out)
     if error is not None:
         print(f"{command}: {error}", file=sys.stderr)
-    if summary_json is not None and not _write(command, summary_json, record):
+    if not written:
         return ExitCode.FAILED if code == ExitCode.OK else code
     return code
+
+
+def _print_summary(text: str, out: TextIO) -> None:
+    """The summary on ``out``; on standard error when ``out``'s reader has gone (a closed pipe:
+    standard output then goes nowhere, so that the interpreter's last flush of it is quiet)."""
+    try:
+        print(text, file=out, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        print(text, file=sys.stderr)
 
 
 def _described(exc: BaseException) -> str:

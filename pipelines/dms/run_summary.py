@@ -32,7 +32,6 @@ __all__ = [
     "SinkRecord",
     "TransitionRecord",
     "format_record",
-    "format_summary",
     "record_before_start",
     "summary_record",
     "utc_now",
@@ -248,12 +247,6 @@ def write_summary_json(path: str | os.PathLike[str], record: RunSummaryRecord) -
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-
-
-def format_summary(summary: Summary, *, stopped: str | None = None) -> str:
-    """``summary`` as the commands print it (see :func:`format_record`); ``stopped``: what
-    stopped the service before it ended by itself."""
-    return format_record(summary_record(summary, RunFacts("", stopped=stopped)))
 
 
 def format_record(record: RunSummaryRecord) -> str:

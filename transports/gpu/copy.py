@@ -78,11 +78,11 @@ __all__ = ["CHUNK", "HALF", "MAX_BATCH", "After", "CopyProtocol", "CopyStatistic
 HALF, CHUNK = SRAM_SIZE // 2, SRAM_SIZE // 2 - SECTOR
 MAX_BATCH = 128
 _FENCE_BITS = 8
+"""The host reads one byte of the chunk fence and compares it as a serial number: never wrongly,
+since a batch holds at most :data:`MAX_BATCH` chunks, half the byte's range."""
 _FENCE_POLICY = PollPolicy(yield_first=True)
 """A fence read is a control transfer; the copy engine that moves the fence on usually runs as
 soon as the host yields (at once on real hardware, on the next loop pass in the simulator)."""
-"""The host reads one byte of the chunk fence and compares it as a serial number: never wrongly,
-since a batch holds at most :data:`MAX_BATCH` chunks, half the byte's range."""
 
 
 def sentinel(n: int) -> int:

@@ -403,8 +403,9 @@ class SimBridge:
 
     def dma_write(self, address: int, data: bytes | memoryview) -> None:
         """A GPU write into bridge memory (sys page, cq page, SRAM)."""
-        memory, offset = self._window(address, len(data))
-        memoryview(memory)[offset : offset + len(data)] = memoryview(data).cast("B")  # one copy
+        view = memoryview(data).cast("B")
+        memory, offset = self._window(address, len(view))
+        memoryview(memory)[offset : offset + len(view)] = view  # one copy
         if memory is self.cq and offset <= 12 < offset + len(data) and self.cq[12:16] == bytes(4):
             if self.engine.release():
                 self._serve(EP_BULK_IN)

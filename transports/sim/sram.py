@@ -60,12 +60,11 @@ class SramEngine:
         """A bulk OUT of ``data`` for the oldest arm (a write), of which the first ``accepted``
         bytes arrive; where in SRAM they landed."""
         arm = self._arms.popleft()
-        if len(data) != arm.length:
-            raise Refused(f"bulk OUT of {len(data)} bytes for an SRAM write armed for {arm.length}")
+        view = memoryview(data).cast("B")
+        if len(view) != arm.length:
+            raise Refused(f"bulk OUT of {len(view)} bytes for an SRAM write armed for {arm.length}")
         # through a memoryview: a bytearray's own slice assignment copies the source first
-        memoryview(self.sram)[arm.offset : arm.offset + accepted] = memoryview(data).cast("B")[
-            :accepted
-        ]
+        memoryview(self.sram)[arm.offset : arm.offset + accepted] = view[:accepted]
         return arm.offset
 
     def read(self, length: int) -> bytes | None:

@@ -5,6 +5,7 @@ a camera that stops delivering an UNAVAILABLE service that says so on every sink
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterable, Awaitable
 from typing import Protocol, runtime_checkable
 
@@ -96,7 +97,8 @@ class Camera:
         if isinstance(source, (Synthetic, CameraFile)):
             source = self.source = open_camera(source, paced=not self.replay)
         async with closing(source):
-            if isinstance(source, _Openable):  # a scene to build, a file to open: not a stall
+            # a scene to build, a file to open: not a stall (a plain open() is not ours to call)
+            if isinstance(source, _Openable) and inspect.iscoroutinefunction(source.open):
                 await self._held_by(source.open())
             with anyio.move_on_after(self.duration):  # None: no limit
                 await self._take(source, outbox)

@@ -25,7 +25,6 @@ from aio_runtime import (
     ReadinessLayer,
     Reason,
     get_logger,
-    reason_kind,
 )
 
 from ..camera_sources import clock_ns
@@ -273,12 +272,12 @@ class FrameOutcomes:
         )
         self._in_flight.pop(job.number, None)
         self._send(message)
-        self.summary.frames.published(message.valid, message.reason)
+        kind = self.summary.frames.published(message.valid, message.reason)
         self.summary.frame_ages.append(age)
         metrics = self.metrics
         metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
-        if not message.valid:  # under the kind the summary counts it under
-            metrics.invalid_frames.labels(kind=reason_kind(message.reason) or "unspecified").inc()
+        if kind is not None:  # invalid: under the kind the summary counted it under
+            metrics.invalid_frames.labels(kind=kind).inc()
         metrics.end_to_end.observe(age)
         metrics.stage_latency.labels(stage="publish").observe(time.perf_counter() - start)
 
