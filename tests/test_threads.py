@@ -297,6 +297,25 @@ async def test_a_worker_thread_runs_on_the_cpus_it_is_given():
     assert os.sched_getaffinity(0) != {cpu}  # the caller's thread is left as it was
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="batch threads are Linux's")
+async def test_a_worker_thread_is_a_batch_thread_and_the_callers_thread_is_left_as_it_was():
+    from aio_runtime import WorkerThread
+
+    worker = WorkerThread("batch")
+    try:
+        seen = await run_in_thread(
+            lambda: os.sched_getscheduler(0),
+            awaited="scheduling policy",
+            error=ModelTimeout,
+            timeout=5,
+            worker=worker,
+        )
+    finally:
+        worker.close()
+    assert seen == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 async def test_a_call_whose_submitted_hook_fails_is_withdrawn_and_never_runs():
     from aio_runtime import WorkerThread
 

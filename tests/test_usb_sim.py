@@ -162,6 +162,35 @@ async def test_a_completed_transfer_is_freed_without_the_garbage_collector(monke
     assert len(urbs) == 3 and alive == []
 
 
+async def test_the_host_learns_of_a_completion_on_a_later_pass_of_its_loop(monkeypatch):
+    """As libusb's event handling delivers a real URB's completion: the device may finish a
+    transfer inside ``submit``, but the host's task is not resumed from there (a burst of
+    transfers would otherwise run back to back in one step of the task submitting them)."""
+    order: list[str] = []
+    caller = sim_usb.loop_caller
+
+    def recording_caller():
+        call = caller()
+
+        def deliver(fn):
+            order.append("handed to the loop")
+            call(lambda: (order.append("delivered"), fn()))
+
+        return deliver
+
+    monkeypatch.setattr(sim_usb, "loop_caller", recording_caller)
+    usb, _ = transport()
+    submit = usb.bridge.submit
+
+    def recorded_submit(urb: SimUrb) -> None:
+        submit(urb)
+        order.append(f"submit returned, device done: {urb.done}")
+
+    monkeypatch.setattr(usb.bridge, "submit", recorded_submit)
+    assert await usb.control_in(CONTROL_IN, 0xE4, FENCE_XDATA, 0, 1, timeout=1.0) == b"\x00"
+    assert order == ["handed to the loop", "submit returned, device done: True", "delivered"]
+
+
 def test_a_urb_lets_go_of_its_callback_once_it_has_called_it():
     calls = []
     urb = SimUrb(0x81, length=4, on_complete=calls.append)
