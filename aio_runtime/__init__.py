@@ -64,7 +64,9 @@ from ._core._signals import Fence, TimelineSignal, serial_reached
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
 from ._core._threads import EXIT_GRACE, PendingCall, WorkerThread, run_in_thread
 from ._core._waits import (
+    IMMEDIATE_BURST,
     ProbeArgs,
+    completed_at_once,
     drain,
     pause,
     wait_complete,
@@ -79,6 +81,7 @@ __version__ = _distribution_version()
 __all__ = [
     "EXIT_GRACE",
     "DEFAULT_POLICY",
+    "IMMEDIATE_BURST",
     "AllocatorStatistics",
     "AsyncResource",
     "ExcInfo",
@@ -90,6 +93,7 @@ __all__ = [
     "BudgetExhausted",
     "CameraTimeout",
     "Completion",
+    "completed_at_once",
     "Deadline",
     "DeviceLost",
     "Fence",

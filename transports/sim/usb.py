@@ -9,7 +9,6 @@ never answers ends by its bound, like any other, as :class:`aio_runtime.UsbTrans
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +56,7 @@ class SimUsbTransport(TransportBase):
         super().__init__()
         self.bridge = bridge
         self._call = call if call is not None else _direct
+        self._threaded = call is not None
 
     def _check_request_type(self, is_in: bool, request_type: int, request: int) -> None:
         expected = CONTROL_IN if is_in else CONTROL_OUT
@@ -84,12 +84,11 @@ class SimUsbTransport(TransportBase):
             ledger.close(entry)
             completion.set_result(done)
 
-        # The host learns of a completion on a later pass of its loop, as libusb's event handling
-        # delivers a real URB's: never inside the submit (a burst of transfers would otherwise
-        # run back to back in one step of the submitting task), and from the simulation's own
-        # thread when it has one.
-        to_loop = loop_caller()
-        urb.on_complete = lambda done: to_loop(functools.partial(completed, done))
+        if self._threaded:  # completions arrive on the simulation's thread
+            to_loop = loop_caller()
+            urb.on_complete = lambda done: to_loop(lambda: completed(done))
+        else:
+            urb.on_complete = completed
 
         def finish(done: SimUrb) -> Any:
             outcome = _OUTCOMES.get(done.status) if done.status else None

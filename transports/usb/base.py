@@ -29,6 +29,7 @@ from aio_runtime import (
     Layer,
     TransferError,
     WaitBound,
+    completed_at_once,
     drain,
     wait_complete,
 )
@@ -182,6 +183,7 @@ class UsbTransfer(Generic[T]):
 
     async def wait(self) -> T:
         if self._completion.done():  # finished already: its outcome, with no bound to watch
+            await completed_at_once()
             return self._finish(self._completion.result())
         raw = await wait_complete(
             self._completion,
