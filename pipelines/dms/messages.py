@@ -123,6 +123,9 @@ class DriverStateV2:
     recorded_sof: int | None = None
     recorded_eof: int | None = None
     """A replayed frame's timestamps as recorded (ns); None for a live frame."""
+    log_mono_time: int = 0
+    """When it was published (ns, the service's monotonic clock): openpilot's
+    ``Event.logMonoTime``. Not in the JSON record."""
 
     def __post_init__(self) -> None:
         if self.availability not in tuple(Availability):

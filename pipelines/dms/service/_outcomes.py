@@ -224,6 +224,7 @@ class FrameOutcomes:
                 reason=verdict.reason or "",
                 valid=False,
                 readiness=self._layers(task_complete=False, output_valid=False),
+                log_mono_time=clock_ns(),
             )
         )
 
@@ -269,6 +270,7 @@ class FrameOutcomes:
             raw_predictions=raw,
             recorded_sof=frame.recorded_sof,
             recorded_eof=frame.recorded_eof,
+            log_mono_time=clock_ns(),
         )
         self._in_flight.pop(job.number, None)
         self._send(message)

@@ -1,0 +1,1 @@
+"""openpilot interoperation: cereal's wire format (:mod:`.events`), its logs and route segments."""
