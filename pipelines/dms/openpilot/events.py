@@ -172,7 +172,9 @@ def read_events(data: bytes | bytearray | memoryview) -> Iterator[Any]:
         except StopIteration:
             return
         except capnp.KjException as exc:
-            raise EventError(f"not a capnp Event after {count} Events: {_first_line(exc)}") from None
+            raise EventError(
+                f"not a capnp Event after {count} Events: {_first_line(exc)}"
+            ) from None
         count += 1
         try:
             event.which()

@@ -1,0 +1,133 @@
+"""Comparing driver states with openpilot's: differences per field, decisions that flip."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from aio_runtime import Availability
+from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
+from pipelines.dms.openpilot import events, policy
+from pipelines.dms.openpilot.compare import compare, flatten
+
+
+def side(**overrides: object) -> dict[str, object]:
+    data: dict[str, object] = {
+        "faceOrientation": [0.01, 0.02, 0.03],
+        "faceOrientationStd": [0.05, 0.05, 0.05],
+        "facePosition": [0.0, 0.0],
+        "facePositionStd": [0.01, 0.01],
+        "faceProb": 0.9,
+        "leftEyeProb": 0.9,
+        "rightEyeProb": 0.9,
+        "leftBlinkProb": 0.1,
+        "rightBlinkProb": 0.1,
+        "sunglassesProb": 0.05,
+        "phoneProb": 0.1,
+        "sleepProb": 0.05,
+    }
+    data.update(overrides)
+    assert set(data) == set(DRIVER_FIELDS)
+    return data
+
+
+def state(frame_id: int, left: dict[str, object], wheel: float = 0.1) -> DriverStateV2:
+    return DriverStateV2(
+        seq=frame_id,
+        run_id="run",
+        frame_id=frame_id,
+        timestamp_sof=frame_id * 50_000_000,
+        timestamp_eof=frame_id * 50_000_000 + 1,
+        frame_age=0.03,
+        availability=Availability.AVAILABLE,
+        reason="",
+        valid=True,
+        readiness={name: True for name in READINESS_LAYERS},
+        wheel_on_right_prob=wheel,
+        left_driver_data=left,
+        right_driver_data=side(),
+    )
+
+
+def test_the_same_states_differ_in_nothing():
+    ours = {i: state(i, side()) for i in range(5)}
+    result = compare(ours, dict(ours))
+    assert result.compared == 5 and result.max_abs == 0.0
+    assert set(result.disagreement.values()) == {0.0}
+    assert result.beyond(0.0, 0.0) == []
+
+
+def test_a_face_probability_across_the_threshold_flips_face_detected_on_those_frames():
+    theirs = {i: state(i, side()) for i in range(10)}
+    ours = {i: state(i, side(faceProb=0.6 if i < 3 else 0.9)) for i in range(10)}
+    result = compare(ours, theirs)
+    assert result.disagreement["faceDetected"] == pytest.approx(0.3)
+    assert result.disagreement["phone"] == 0.0
+    face = next(f for f in result.fields if f.column == "left.faceProb")
+    assert face.max_abs == pytest.approx(0.3) and face.mean_abs == pytest.approx(0.09)
+    assert result.beyond(0.2, 0.25) == [
+        "max absolute difference 0.3 (left.faceProb) > 0.2",
+        "faceDetected disagrees on 30.00% > 25.00%",
+    ]
+
+
+def test_the_monitored_side_follows_openpilot_s_wheel_position():
+    """A difference on the left side flips nothing when openpilot monitors the right."""
+    theirs = {0: state(0, side(), wheel=0.9)}
+    ours = {0: state(0, side(phoneProb=0.9), wheel=0.9)}
+    assert compare(ours, theirs).disagreement["phone"] == 0.0
+    theirs = {0: state(0, side(), wheel=0.1)}
+    ours = {0: state(0, side(phoneProb=0.9), wheel=0.1)}
+    assert compare(ours, theirs).disagreement["phone"] == 1.0
+
+
+def test_frames_without_driver_data_or_on_one_side_only_are_counted_not_compared():
+    theirs = {i: state(i, side()) for i in range(4)}
+    ours = {i: state(i, side()) for i in range(1, 6)}
+    without = dataclasses.replace(
+        state(2, side()), left_driver_data=None, right_driver_data=None, valid=False
+    )
+    (_, wire), _ = events.encode(without)
+    (event,) = events.read_events(wire)
+    theirs[2] = event.driverStateV2  # empty lists, as openpilot reads them: no driver data
+    result = compare(ours, theirs)
+    assert (result.compared, result.only_ours, result.only_theirs) == (2, 2, 1)
+
+
+def test_a_state_read_back_from_its_event_differs_by_float32_rounding_only():
+    ours = {i: state(i, side(faceProb=0.1 * i)) for i in range(6)}
+    theirs = {}
+    for frame_id, message in ours.items():
+        (_, wire), _ = events.encode(message)
+        (event,) = events.read_events(wire)
+        theirs[frame_id] = event.driverStateV2
+    result = compare(ours, theirs)
+    assert result.compared == 6 and 0.0 < result.max_abs < 1e-6
+    assert len(result.fields) == 1 + 2 * (3 + 3 + 2 + 2 + 8)  # a column per list element
+    assert flatten(theirs[0]) is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "closed"),
+    [
+        ({"leftBlinkProb": 0.9, "rightBlinkProb": 0.9}, True),
+        ({"leftBlinkProb": 0.9, "rightBlinkProb": 0.8}, False),  # mean 0.85 <= 0.865
+        ({"leftBlinkProb": 0.9, "rightBlinkProb": 0.9, "sunglassesProb": 0.95}, False),
+        ({"leftBlinkProb": 0.9, "rightBlinkProb": 0.9, "rightEyeProb": 0.5}, False),
+    ],
+)
+def test_the_blink_rule(overrides, closed):
+    assert policy.eyes_closed(side(**overrides)) is closed
+
+
+def test_a_pose_beyond_the_limits_is_distracted_looking_down_but_not_up():
+    assert not policy.distracted_pose(side())
+    assert policy.distracted_pose(side(faceOrientation=[-0.6, 0.0, 0.0]))  # down
+    assert not policy.distracted_pose(side(faceOrientation=[0.6, 0.0, 0.0]))  # up
+    assert policy.distracted_pose(side(faceOrientation=[0.0, -0.7, 0.0]))  # aside
+    # the same yaw on the right-hand side is mirrored
+    yaw = [0.0, 0.5, 0.0]
+    assert policy.distracted_pose(side(faceOrientation=yaw)) != policy.distracted_pose(
+        side(faceOrientation=yaw), right_hand=True
+    )
