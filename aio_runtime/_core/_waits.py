@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, overload
 import anyio
 import anyio.lowlevel
 
-from ._bounds import BoundArgs, OwnBound, SharedBound, WaitBound, resolve_bound
+from ._bounds import BoundArgs, OwnBound, SharedBound, resolve_bound
 from ._clock import now, validate_timeout
 from ._completion import Completion, Waitable
 from ._errors import BudgetExhausted, HardwareTimeout
 from ._notifier import Notifier
 from ._policy import DEFAULT_POLICY, PollPolicy, differs
+from ._watcher import wait_watched
 
 if TYPE_CHECKING:
     from ._watcher import MemoryWatcher
@@ -326,7 +327,7 @@ async def probe_until(
     awaited = bounding["awaited"]
     bound.note(awaited, expected, _NOT_OBSERVED)
     if watcher is not None:
-        return await _wait_watched(
+        return await wait_watched(
             watcher, probe, predicate, bound, awaited, expected, reset_on_progress
         )
     listener = None if notifier is None else notifier.listen()
@@ -370,42 +371,6 @@ async def probe_until(
         if predicate(value):
             return bound.step_done(value)
         bound.note(awaited, expected, value)
-    raise bound.timed_out()
-
-
-async def _wait_watched(
-    watcher: MemoryWatcher,
-    probe: Callable[[], Any],
-    predicate: Callable[[Any], bool],
-    bound: WaitBound,
-    awaited: str,
-    expected: object,
-    reset_on_progress: bool,
-) -> Any:
-    value = probe()  # on the loop first: no thread hop when the condition already holds
-    if inspect.isawaitable(value):
-        if inspect.iscoroutine(value):
-            value.close()
-        raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
-    if predicate(value):
-        return bound.step_done(value)
-    bound.note(awaited, expected, value)
-    watch = watcher.watch(probe, predicate, track_progress=reset_on_progress)
-    try:
-        while True:
-            with anyio.move_on_at(bound.at):
-                return bound.step_done(await watch.wait())
-            if reset_on_progress and watch.last_change is not None:
-                bound.progress(watch.last_change)
-                if now() < bound.at:
-                    continue
-            break
-    finally:
-        watch.cancel()
-    value = probe()  # the final read at the bound
-    if predicate(value):
-        return bound.step_done(value)
-    bound.note(awaited, expected, value)
     raise bound.timed_out()
 
 

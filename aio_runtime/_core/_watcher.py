@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import inspect
 import os
 import sys
 import threading
@@ -45,6 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import anyio
+
+from ._bounds import WaitBound
+from ._clock import now
 from ._completion import Completion, loop_caller
 from ._log import get_logger
 from ._loop import loop_clock
@@ -313,3 +318,41 @@ class MemoryWatcher:
         """A watch is answered: no further sweep probes it."""
         del self._watches[id(watch)]
         self._completed += 1
+
+
+async def wait_watched(
+    watcher: MemoryWatcher,
+    probe: Callable[[], Any],
+    predicate: Callable[[Any], bool],
+    bound: WaitBound,
+    awaited: str,
+    expected: object,
+    reset_on_progress: bool,
+) -> Any:
+    """``wait_until`` on a watcher: the probe read on the loop first, then by the watcher's
+    thread until the predicate holds or the bound ends (a final read at the bound)."""
+    value = probe()  # on the loop first: no thread hop when the condition already holds
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError("a MemoryWatcher probes plain memory reads, not async reads")
+    if predicate(value):
+        return bound.step_done(value)
+    bound.note(awaited, expected, value)
+    watch = watcher.watch(probe, predicate, track_progress=reset_on_progress)
+    try:
+        while True:
+            with anyio.move_on_at(bound.at):
+                return bound.step_done(await watch.wait())
+            if reset_on_progress and watch.last_change is not None:
+                bound.progress(watch.last_change)
+                if now() < bound.at:
+                    continue
+            break
+    finally:
+        watch.cancel()
+    value = probe()  # the final read at the bound
+    if predicate(value):
+        return bound.step_done(value)
+    bound.note(awaited, expected, value)
+    raise bound.timed_out()
