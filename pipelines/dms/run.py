@@ -221,10 +221,11 @@ def run(
 ) -> int:
     """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
     where it listens at the start, on standard error (``health: http://HOST:PORT/``, ``zmq:
-    ADDRESS``, ``cereal driverStateV2: tcp://HOST:45495``); the summary at the end, on standard output (standard error when the messages go
-    there), and as a JSON document where ``--summary-json`` says; the exit code. A signal before the
-    service has started raises :class:`~pipelines.stopping.Interrupted` (the entry point reports
-    it, with :func:`~pipelines.dms.run_summary.record_before_start`)."""
+    ADDRESS``, ``cereal driverStateV2: tcp://HOST:45495``); the summary at the end, on standard
+    output (standard error when the messages go there), and as a JSON document where
+    ``--summary-json`` says; the exit code. A signal before the service has started raises
+    :class:`~pipelines.stopping.Interrupted` (the entry point reports it, with
+    :func:`~pipelines.dms.run_summary.record_before_start`)."""
     command = f"aio-dms {args.command}"
     configure_logging(args.log_format)
     try:

@@ -28,6 +28,7 @@ what it carries is counted dropped although it may still appear.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import os
@@ -97,7 +98,7 @@ class _Aborted(Exception):
     """The writer was told to stop mid-write (closing past its bound)."""
 
 
-class FileSink:
+class FileSink(abc.ABC):
     """Records written to ``fd`` (the sink owns it, and closes it) by a thread of the sink's own;
     see the module's description. A subclass says what record a message is
     (:meth:`_record`)."""
@@ -147,9 +148,9 @@ class FileSink:
         self._thread = threading.Thread(target=self._write_records, name=self._name, daemon=True)
         self._thread.start()
 
+    @abc.abstractmethod
     def _record(self, message: DriverStateV2) -> bytes:
         """The bytes that carry ``message`` (on the publisher's thread)."""
-        raise NotImplementedError
 
     @property
     def name(self) -> str:
