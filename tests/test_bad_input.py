@@ -26,7 +26,7 @@ from pipelines.exit_codes import ExitCode
 ROOT = Path(__file__).resolve().parent.parent
 
 # Placeholders filled in per test: {missing} a path that does not exist, {dir} a directory,
-# {garbage} a file that is no model, no video and no recording.
+# {garbage} a file that is no model, no video and no recording, {log} an earlier run's log.
 BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--camera": [[""], ["{missing}"], ["{dir}"]],
     "--model": [["{missing}"], ["{dir}"], ["{garbage}"]],
@@ -46,6 +46,8 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
               ["udp://127.0.0.1:5"], ["tcp://127.0.0.1"], ["tcp://:5"], [""]],
     "--jsonl": [["{missing}/out.jsonl"], ["{dir}"], [""], ["{garbage}"]],
     "--append": [["=yes"], []],
+    "--rlog": [["{missing}/rlog"], ["{dir}"], [""], ["-"], ["{log}"], ["out.txt"], ["rlog.zstd"]],
+    "--cereal-zmq": [["10.1.2.3"], ["example.com"], ["="], ["=0.0.0.0"], ["tcp://127.0.0.1:5"]],
     "--run-id": [[""], ["a b"], ["-x"], ["x" * 65], ["id/1"]],
     "--summary-json": [["{missing}/summary.json"], ["{dir}"], [""]],
     "--allow-remote": [["=yes"]],
@@ -88,6 +90,8 @@ BAD_FIELDS: dict[str, list[object]] = {
     "zmq": ["garbage", "tcp://127.0.0.1:99999", "tcp://10.1.2.3:5", 5],
     "jsonl": ["", 5],
     "jsonl_append": ["yes", None, True],
+    "rlog": ["", "-", "out.txt", Path("rlog.zstd"), Path("."), 5],
+    "cereal_zmq": ["10.1.2.3", "::", "example.com", "", 5],
     "run_id": ["", "a b", 5],
     "mode": ["fast", None],
     "no_budget": ["yes", None],
@@ -134,7 +138,13 @@ def paths(tmp_path: Path) -> dict[str, str]:
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"no model, no video, no recording")
     (tmp_path / "in.dmsrec").write_bytes(b"")
-    return {"missing": str(tmp_path / "missing"), "dir": str(tmp_path), "garbage": str(garbage)}
+    (tmp_path / "rlog").write_bytes(b"")
+    return {
+        "missing": str(tmp_path / "missing"),
+        "dir": str(tmp_path),
+        "garbage": str(garbage),
+        "log": str(tmp_path / "rlog"),
+    }
 
 
 def _cases() -> list[tuple[str, str, list[str]]]:
@@ -204,11 +214,19 @@ def test_a_health_port_in_use_is_one_line_naming_the_port_and_its_option(capsys)
     [
         ["run", "--model", "{garbage}", "--health-port", "-1"],
         ["run", "--zmq", "tcp://10.0.0.1:5000"],
+        ["run", "--cereal-zmq", "10.0.0.1"],
         ["run", "--calib", "-0.1,0.05", "--threads", "0"],
         ["replay", "{missing}"],
         ["run", "--duration", "nan"],
     ],
-    ids=["broken-model", "remote-zmq", "negative-calib", "replay-missing", "nan-duration"],
+    ids=[
+        "broken-model",
+        "remote-zmq",
+        "remote-cereal",
+        "negative-calib",
+        "replay-missing",
+        "nan-duration",
+    ],
 )
 def test_no_traceback_escapes_a_real_process(argv, paths):
     result = subprocess.run(

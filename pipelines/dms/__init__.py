@@ -12,8 +12,9 @@ deadlines, with an honest availability state. Modules:
   model, onnxruntime on the CPU;
 - ``accelerator``: the model on the simulated accelerator (through ``transports``);
 - ``decode``: outputs to the driverStateV2 fields, validated;
-- ``messages``, ``publish`` (with ``sinks_policy``, ``sinks_memory``, ``sinks_jsonl``,
-  ``sinks_zmq``): the published message and its sinks, each with its policy per mode;
+- ``messages``, ``publish`` (with ``sinks_policy``, ``sinks_memory``, ``sinks_file``,
+  ``sinks_jsonl``, ``sinks_rlog``, ``sinks_zmq``, ``sinks_cereal``): the published message and
+  its sinks, each with its policy per mode;
 - ``channels``: the slots between stages (latest-frame-wins live, hand-off replaying) and the
   frame accounting rule;
 - ``endpoints``: health and metrics over HTTP;

@@ -174,6 +174,25 @@ class ServiceConfig:
         flag="--append",
         shown="off",
     )
+    rlog: Path | None = setting(
+        None,
+        "write every message as openpilot's log Events to PATH, a new file: zstd if it ends in "
+        ".zst (a block flushed at every write: a killed run leaves a readable log), bz2 if .bz2 "
+        "(readable once the run has ended), plain with no extension (name it rlog)",
+        parse=values.log_path,
+        check=values.optional(values.log_path_value),
+        metavar="PATH",
+        shown="off",
+    )
+    cereal_zmq: str | None = setting(
+        None,
+        "publish openpilot's Events on cereal's ZeroMQ ports on HOST (127.0.0.1 if not given; "
+        "loopback unless --allow-remote): driverStateV2 on 45495, dmsStatus on 53156",
+        check=values.optional(values.host_value),
+        metavar="HOST",
+        shown="off",
+        bare="127.0.0.1",
+    )
     run_id: str | None = setting(
         None,
         "the runId every message carries (letters, digits and . _ : -, at most 64)",
@@ -198,7 +217,8 @@ class ServiceConfig:
     )
     allow_remote: bool = setting(
         False,
-        "let the health endpoints and ZeroMQ listen on addresses beyond this machine",
+        "let the health endpoints and ZeroMQ (--zmq, --cereal-zmq) listen on addresses beyond "
+        "this machine",
         check=values.flag_value,
         shown="off",
     )
@@ -285,11 +305,13 @@ class ServiceConfig:
             self.faults = tuple(self.faults)
         for item, declared in settings():
             setattr(self, item.name, declared.accept(item.name, getattr(self, item.name)))
-        if not self.allow_remote and not is_loopback(self.health_host):
-            raise ValueError(
-                f"health_host {self.health_host!r} is not a loopback address: refused unless "
-                "allow_remote (--allow-remote) is set"
-            )
+        for name in ("health_host", "cereal_zmq"):
+            host = getattr(self, name)
+            if host is not None and not self.allow_remote and not is_loopback(host):
+                raise ValueError(
+                    f"{name} {host!r} is not a loopback address: refused unless allow_remote "
+                    "(--allow-remote) is set"
+                )
         if self.zmq is not None:
             values.check_zmq_address(self.zmq, allow_remote=self.allow_remote)
         if self.calib is not None:
@@ -309,9 +331,9 @@ class ServiceConfig:
     def check_environment(self) -> None:
         """What depends on the machine: the camera and model files exist and can be read; the
         JSON lines file can be written (its directory exists; a file already there only when
-        appending to it); the model's CPUs are CPUs this process may use, with one left for the
-        event loop. :class:`ValueError` saying what was expected. (A port in use is found as
-        the service binds it.)"""
+        appending to it), and so can the log (a new file); the model's CPUs are CPUs this
+        process may use, with one left for the event loop. :class:`ValueError` saying what was
+        expected. (A port in use is found as the service binds it.)"""
         if isinstance(self.camera, CameraFile):
             values.readable_file(
                 "camera", self.camera.path, "expected 'synthetic', a video file or a recording"
@@ -324,6 +346,10 @@ class ServiceConfig:
                 raise ValueError(
                     f"jsonl {self.jsonl!r} exists: refused unless jsonl_append (--append) is set"
                 )
+        if self.rlog is not None:
+            values.writable_file("rlog", self.rlog)
+            if self.rlog.exists():
+                raise ValueError(f"rlog {str(self.rlog)!r} exists: a log is written to a new file")
         self.placed_cpus()
 
     def placed_cpus(self) -> frozenset[int] | None:

@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from .openpilot.logs import compression_of
+
 E = TypeVar("E", bound=enum.StrEnum)
 
 __all__ = [
@@ -39,6 +41,8 @@ __all__ = [
     "is_int",
     "is_loopback",
     "is_number",
+    "log_path",
+    "log_path_value",
     "model_cpus",
     "model_cpus_value",
     "number",
@@ -256,6 +260,26 @@ def text_value(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a path (or -)"
 
 
+def log_path(text: str) -> Path:
+    """The text form of an openpilot log's path: a file path (standard output is not one),
+    named as openpilot's reader takes a log."""
+    if not text or text == "-":
+        raise ValueError(f"expected the path of a new log file, got {text!r}")
+    compression_of(text)
+    return Path(text)
+
+
+def log_path_value(value: Any) -> str | None:
+    """A path named as openpilot's reader takes a log (``.zst``, ``.bz2`` or no extension)."""
+    if not isinstance(value, Path) or not value.name:
+        return "must be the path of a log file"
+    try:
+        compression_of(value)
+    except ValueError:
+        return "must be named with .zst (zstd), .bz2 or no extension (plain, e.g. 'rlog')"
+    return None
+
+
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 
@@ -319,6 +343,8 @@ class Setting:
     """Fields set by this one flag, in order (``--backoff FIRST MAX``)."""
     commands: tuple[str, ...] = ("run", "replay")
     """The commands that take the flag."""
+    bare: str | None = None
+    """The value of the flag given with none (``--cereal-zmq`` alone); None: a value is needed."""
 
     def accept(self, name: str, value: Any) -> Any:
         """``value`` for the setting ``name``: parsed if given as text, then checked;

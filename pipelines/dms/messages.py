@@ -188,6 +188,18 @@ class DriverStateV2:
     def _json(self) -> str:
         return json.dumps(self.to_record(), separators=(",", ":"), allow_nan=False)
 
+    def to_events(self) -> tuple[tuple[str, bytes], ...]:
+        """The message as openpilot's cereal Events, (member, bytes) each
+        (:func:`pipelines.dms.openpilot.events.encode`: ``driverStateV2`` for a frame, then
+        ``dmsStatus``), encoded once however many sinks ask for them. Needs pycapnp."""
+        return self._events
+
+    @functools.cached_property
+    def _events(self) -> tuple[tuple[str, bytes], ...]:
+        from .openpilot.events import encode  # pycapnp is loaded only where Events are asked for
+
+        return tuple(encode(self))
+
 
 def _driver(data: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if data is None:

@@ -1,8 +1,10 @@
-"""Where messages go: an in-process subscription for embedding applications, ZeroMQ, JSON lines.
+"""Where messages go: an in-process subscription for embedding applications, ZeroMQ, JSON lines,
+and openpilot's own formats: its logs and cereal's ZeroMQ sockets.
 
 Every sink gets the same :class:`~pipelines.dms.messages.DriverStateV2`; ZeroMQ and JSON lines carry
-the same JSON record. Each sink is made for a mode (:class:`~pipelines.dms.config.Mode`: live or
-replay), and states its policy:
+the same JSON record, the openpilot log and the cereal sockets the same capnp Events (encoded once,
+:meth:`~pipelines.dms.messages.DriverStateV2.to_events`). Each sink is made for a mode
+(:class:`~pipelines.dms.config.Mode`: live or replay), and states its policy:
 
 ================  ==================================  ==========================================
 sink              live                                replay
@@ -10,15 +12,23 @@ sink              live                                replay
 Subscriptions     200 per subscriber, oldest dropped  lossless; a subscriber that holds the
                                                       replay 10 s without reading is closed
 JsonLinesSink     200 lines, oldest dropped           lossless; the producer waits for room
+RlogSink          200 messages, oldest dropped; a     lossless; the producer waits for room
+                  message is delivered once it is
+                  readable from the file (bz2: at
+                  close)
 ZmqSink           1000 per subscriber, then sends     the same: network subscribers never hold
                   fail (counted), to all or none;     the producer
                   at most 8 subscribers
+CerealSocket      as ZmqSink, one socket (and one     the same
+                  sink) per service: driverStateV2
+                  on port 45495, dmsStatus on 53156
 ================  ==================================  ==========================================
 
 No sink's ``publish`` blocks. Every sink counts in one shape (:class:`SinkStats`, with
 ``published == delivered + dropped + pending``, ``pending`` 0 once closed) and reports a failure
 (:class:`SinkFailed`; standard output closed by its reader: :class:`ReaderClosed`). The modules:
-:mod:`.sinks_policy`, :mod:`.sinks_memory`, :mod:`.sinks_jsonl`, :mod:`.sinks_zmq`.
+:mod:`.sinks_policy`, :mod:`.sinks_memory`, :mod:`.sinks_file` (with :mod:`.sinks_jsonl`,
+:mod:`.sinks_rlog`), :mod:`.sinks_zmq` (with :mod:`.sinks_cereal`).
 
 :class:`Sinks` drives several together — what a service calls.
 """
@@ -30,6 +40,7 @@ from collections.abc import Iterable, Iterator
 import anyio
 
 from .messages import DriverStateV2
+from .sinks_cereal import CerealSocket, cereal_port, open_cereal_sockets
 from .sinks_jsonl import JsonLinesSink
 from .sinks_memory import Subscription, Subscriptions
 from .sinks_policy import (
@@ -43,6 +54,7 @@ from .sinks_policy import (
     SinkStats,
     SubscriptionStalled,
 )
+from .sinks_rlog import RlogSink
 from .sinks_zmq import TOPIC, AddressInUse, ZmqSink, check_zmq_address
 
 __all__ = [
@@ -51,8 +63,10 @@ __all__ = [
     "STALL_LIMIT",
     "TOPIC",
     "AddressInUse",
+    "CerealSocket",
     "JsonLinesSink",
     "ReaderClosed",
+    "RlogSink",
     "Sink",
     "SinkError",
     "SinkFailed",
@@ -62,7 +76,9 @@ __all__ = [
     "SubscriptionStalled",
     "Subscriptions",
     "ZmqSink",
+    "cereal_port",
     "check_zmq_address",
+    "open_cereal_sockets",
 ]
 
 

@@ -59,13 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
         if isinstance(item.default, bool):
             parser.add_argument(flag, dest=item.name, action="store_true", help=text)
             continue
+        nargs: int | str | None = len(declared.together) if declared.together else None
         parser.add_argument(
             flag,
             dest=item.name,
             default=declared.command_line_default,
             metavar=declared.metavar or _METAVARS.get(declared.parse),
             choices=declared.choices,
-            nargs=len(declared.together) if declared.together else None,
+            nargs="?" if declared.bare is not None else nargs,
+            const=declared.bare,
             help=text,
         )
     parser.add_argument(
@@ -83,10 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
 
 
 def single_value_flags() -> set[str]:
-    """The flags of ``run`` and ``replay`` that take one value (which may begin with ``-``)."""
+    """The flags of ``run`` and ``replay`` that take one value (which may begin with ``-``); a
+    flag whose value may be left out is not one of them."""
     flags = {"--log-format", "--summary-json"}
     for item, declared in settings():
-        if not isinstance(item.default, bool) and not declared.together:
+        if not isinstance(item.default, bool) and not declared.together and declared.bare is None:
             flags.add(_flag(item, declared))
     return flags - {""}
 
@@ -170,7 +173,8 @@ async def _serve(
 
 def _summary_path(text: str | None, config: ServiceConfig) -> Path | None:
     """Where ``--summary-json`` writes (None: nowhere); :class:`ValueError` for a path that
-    cannot be written, or one the run reads or writes itself (its camera, model, JSON lines)."""
+    cannot be written, or one the run reads or writes itself (its camera, model, JSON lines,
+    log)."""
     if text is None:
         return None
     if not text:
@@ -181,6 +185,7 @@ def _summary_path(text: str | None, config: ServiceConfig) -> Path | None:
         "--camera": config.camera.path if isinstance(config.camera, CameraFile) else None,
         "--model": config.model,
         "--jsonl": Path(config.jsonl) if config.jsonl not in (None, "-") else None,
+        "--rlog": config.rlog,
     }
     for flag, other in taken.items():
         if other is not None and path.resolve() == other.resolve():
@@ -216,10 +221,11 @@ def run(
 ) -> int:
     """Run the service as ``args`` say (``source``, ``fixed``: what the command sets itself);
     where it listens at the start, on standard error (``health: http://HOST:PORT/``, ``zmq:
-    ADDRESS``); the summary at the end, on standard output (standard error when the messages go
-    there), and as a JSON document where ``--summary-json`` says; the exit code. A signal before the
-    service has started raises :class:`~pipelines.stopping.Interrupted` (the entry point reports
-    it, with :func:`~pipelines.dms.run_summary.record_before_start`)."""
+    ADDRESS``, ``cereal driverStateV2: tcp://HOST:45495``); the summary at the end, on standard
+    output (standard error when the messages go there), and as a JSON document where
+    ``--summary-json`` says; the exit code. A signal before the service has started raises
+    :class:`~pipelines.stopping.Interrupted` (the entry point reports it, with
+    :func:`~pipelines.dms.run_summary.record_before_start`)."""
     command = f"aio-dms {args.command}"
     configure_logging(args.log_format)
     try:

@@ -157,13 +157,16 @@ class ZmqSink:
         return self._gate.refused
 
     def publish(self, message: DriverStateV2) -> None:
+        frames = self._frames(message)
+        if frames is None:
+            return  # nothing of this socket's: not published here
         self._published += 1
         if self._failure is not None or self._closed:
             self._dropped += 1
             return
         self._read_subscriptions()
         try:
-            self._socket.send_multipart([TOPIC, message.to_json().encode()], flags=zmq.NOBLOCK)
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             self._dropped += 1
             self._sent_in_a_row = 0
@@ -180,6 +183,11 @@ class ZmqSink:
         self._sent_in_a_row += 1
         if self._sent_in_a_row >= self._high_water_mark:  # a whole queue's worth got through
             self._drops.delivering(why="every subscriber reads again")
+
+    def _frames(self, message: DriverStateV2) -> list[bytes] | None:
+        """The frames of one ZeroMQ message that carry ``message`` (None: this socket sends
+        nothing for it): here the topic and the JSON record."""
+        return [TOPIC, message.to_json().encode()]
 
     def _read_subscriptions(self) -> None:
         """Subscriptions arrive as messages on an XPUB socket: read them so none pile up."""

@@ -35,7 +35,7 @@ from ..camera_synthetic import SyntheticCalibration
 from ..config import Mode, ServiceConfig
 from ..endpoints import HealthState, create_app
 from ..messages import DriverStateV2, readiness_record
-from ..publish import ZmqSink
+from ..publish import CerealSocket, ZmqSink
 from ._backends import TransportOpener
 from ._calibration import CalibrationState
 from ._camera import Camera
@@ -147,16 +147,32 @@ class DmsService:
                 self.outcomes.open_sinks(zmq=cfg.zmq, allow_remote=cfg.allow_remote)
             with refused("jsonl"):
                 self.outcomes.open_sinks(jsonl=cfg.jsonl, append=cfg.jsonl_append)
+            with refused("rlog"):
+                self.outcomes.open_sinks(rlog=cfg.rlog)
+            with refused("cereal_zmq"):
+                self.outcomes.open_sinks(cereal_zmq=cfg.cereal_zmq, allow_remote=cfg.allow_remote)
             self._tg = await started_group(self._run)
         except BaseException:  # the sinks opened so far (say, one before one that failed)
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
             raise
         zmq = next(
-            (sink.address for sink in self.outcomes.sinks if isinstance(sink, ZmqSink)), None
+            (
+                sink.address
+                for sink in self.outcomes.sinks
+                if isinstance(sink, ZmqSink) and not isinstance(sink, CerealSocket)
+            ),
+            None,
+        )
+        cereal = tuple(
+            (sink.service, sink.address)
+            for sink in self.outcomes.sinks
+            if isinstance(sink, CerealSocket)
         )
         health = cfg.health_host if self.health_port is not None else None
-        self._bound = BoundEndpoints(health_host=health, health_port=self.health_port, zmq=zmq)
+        self._bound = BoundEndpoints(
+            health_host=health, health_port=self.health_port, zmq=zmq, cereal=cereal
+        )
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
         assert self._tg is not None

@@ -14,6 +14,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import anyio
@@ -36,11 +37,13 @@ from ..metrics import DeviceFacts, Metrics
 from ..publish import (
     JsonLinesSink,
     ReaderClosed,
+    RlogSink,
     SinkError,
     Sinks,
     SinkStats,
     Subscriptions,
     ZmqSink,
+    open_cereal_sockets,
 )
 from ._job import FrameJob
 from ._policy import Verdict
@@ -125,16 +128,25 @@ class FrameOutcomes:
         *,
         zmq: str | None = None,
         jsonl: str | None = None,
+        rlog: str | Path | None = None,
+        cereal_zmq: str | None = None,
         allow_remote: bool = False,
         append: bool = False,
     ) -> None:
-        """Publish on ZeroMQ and as JSON lines too (each if given; ``append``: to a JSON lines
-        file that exists); :class:`OSError` for one that cannot be opened (its address in use,
-        its file not writable, or there already unless appending)."""
+        """Publish on ZeroMQ, as JSON lines, as openpilot's log and on cereal's ZeroMQ sockets
+        on the host ``cereal_zmq`` too (each if given; ``append``: to a JSON lines file that
+        exists); :class:`OSError` or :class:`ValueError` for one that cannot be opened (its
+        address in use, its file not writable, or there already unless appending)."""
         if zmq:
             self.sinks.add(ZmqSink(zmq, delivery=self.mode, allow_remote=allow_remote))
         if jsonl:
             self.sinks.add(JsonLinesSink(jsonl, delivery=self.mode, append=append))
+        if rlog:
+            self.sinks.add(RlogSink(rlog, delivery=self.mode))
+        if cereal_zmq:
+            sockets = open_cereal_sockets(cereal_zmq, delivery=self.mode, allow_remote=allow_remote)
+            for socket in sockets:
+                self.sinks.add(socket)
 
     async def room(self) -> None:
         """Replaying: wait until every sink has room for the next frame's messages."""

@@ -67,6 +67,9 @@ class BoundEndpoints:
     health_port: int | None = None
     zmq: str | None = None
     """The ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:9031``."""
+    cereal: tuple[tuple[str, str], ...] = ()
+    """The cereal sockets as (service, endpoint), e.g. ``("driverStateV2",
+    "tcp://127.0.0.1:45495")``; empty when off."""
 
     @property
     def health_url(self) -> str | None:
@@ -78,8 +81,10 @@ class BoundEndpoints:
         return f"http://{host}:{self.health_port}/"
 
     def lines(self) -> list[str]:
-        """One line per endpoint that is on: ``health: http://...``, ``zmq: tcp://...``."""
+        """One line per endpoint that is on: ``health: http://...``, ``zmq: tcp://...``,
+        ``cereal driverStateV2: tcp://...``."""
         found = [("health", self.health_url), ("zmq", self.zmq)]
+        found += [(f"cereal {service}", where) for service, where in self.cereal]
         return [f"{name}: {where}" for name, where in found if where is not None]
 
 
