@@ -37,6 +37,7 @@ __all__ = [
     "CalibrationSample",
     "ClosableStream",
     "FrameSource",
+    "RecordedTime",
     "Rpy",
     "SourceBase",
     "clock_ns",
@@ -164,6 +165,33 @@ async def wait_until_ns(t_ns: int) -> None:
     It is no hardware wait and needs no timeout: the instant is known and always reached.
     """
     await anyio.sleep_until(t_ns / 1e9)
+
+
+class RecordedTime:
+    """How a replayed source moves frames stamped on another clock (a recording's, a log's) onto
+    the loop clock.
+
+    Paced: the first frame's start of frame is the moment it is retimed, and later frames keep
+    their recorded spacing from it (so each is delivered at its recorded interval); unpaced:
+    each frame is stamped as it is retimed. Either way a frame keeps its readout (end minus
+    start of frame), and its recorded timestamps stay on it as ``recorded_sof`` /
+    ``recorded_eof`` (:meth:`~pipelines.dms.camera.Frame.retimed`).
+    """
+
+    def __init__(self, *, paced: bool) -> None:
+        self.paced = paced
+        self._origin: tuple[int, int] | None = None
+        """(loop clock, recorded start of frame) of the first frame retimed."""
+
+    def retimed(self, frame: Frame) -> Frame:
+        """``frame`` on the loop clock (the same buffer)."""
+        if not self.paced:
+            sof = clock_ns()
+        else:
+            if self._origin is None:
+                self._origin = (clock_ns(), frame.timestamp_sof)
+            sof = self._origin[0] + frame.timestamp_sof - self._origin[1]
+        return frame.retimed(sof, sof + frame.timestamp_eof - frame.timestamp_sof)
 
 
 @dataclass(frozen=True)
