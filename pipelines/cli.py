@@ -108,10 +108,16 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
     )
     replay = commands.add_parser(
         "replay",
-        help="replay a recording or a video through the service as fast as it goes, losing "
-        "nothing: each stage waits for the next, and the sinks for their readers" + needs,
+        help="replay a recording, a video or an openpilot route segment through the service as "
+        "fast as it goes, losing nothing: each stage waits for the next, and the sinks for "
+        "their readers" + needs,
     )
-    replay.add_argument("input", metavar="INPUT", help="a recording of ours or a video file")
+    replay.add_argument(
+        "input",
+        metavar="INPUT",
+        help="a recording of ours, a video file, or an openpilot route segment directory (its "
+        "dcamera.hevc, with the frame ids and timestamps of its rlog)",
+    )
     record = commands.add_parser(
         "record",
         help="record frames from a camera source (as run takes it: at its pace) to a recording "
@@ -273,7 +279,10 @@ def _main(argv: list[str], stopping: Stopping) -> int:
 
     if args.command == "replay":
         if args.input == "synthetic":
-            parser.error("replay: INPUT is a recording or a video file, not the synthetic camera")
+            parser.error(
+                "replay: INPUT is a recording, a video file or a route segment, not the "
+                "synthetic camera"
+            )
         return run(args, stopping, camera=args.input, mode=Mode.REPLAY)
     return run(args, stopping)
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from openpilot_segments import build_segment
 from report_runs import GPU_HANG, lines
 
 from pipelines.cli import _parser, main
@@ -26,9 +27,12 @@ from pipelines.exit_codes import ExitCode
 ROOT = Path(__file__).resolve().parent.parent
 
 # Placeholders filled in per test: {missing} a path that does not exist, {dir} a directory,
-# {garbage} a file that is no model, no video and no recording, {log} an earlier run's log.
+# {garbage} a file that is no model, no video and no recording, {log} an earlier run's log;
+# route segments that cannot be replayed (built when a test asks for one, see BAD_SEGMENT_DIRS).
 BAD_OPTIONS: dict[str, list[list[str]]] = {
-    "--camera": [[""], ["{missing}"], ["{dir}"]],
+    "--camera": [[""], ["{missing}"], ["{dir}"], ["{segment_without_log}"],
+                 ["{segment_without_camera_states}"], ["{segment_shorter_than_its_index}"],
+                 ["{segment_not_hevc}"]],
     "--model": [["{missing}"], ["{dir}"], ["{garbage}"]],
     "--device": [["gpu"], [""], ["CPU"]],
     "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"]],
@@ -125,12 +129,40 @@ def _options(command: str) -> dict[str, argparse.Action]:
 
 
 def _argv(command: str, flag: str, values: list[str], paths: dict[str, str]) -> list[str]:
-    values = [value.format(**paths) for value in values]
+    values = [value.format_map(paths) for value in values]
     heads = {"replay": [command, "in.dmsrec"], "record": [command, "--frames", "3", "-o", "new"]}
     head = heads.get(command, [command])  # what the command needs, then the value to refuse
     if values and values[0].startswith("="):
         return [*head, flag + values[0], *values[1:]]
     return [*head, flag, *values]
+
+
+def _not_hevc(path: Path) -> None:
+    build_segment(path)
+    (path / "dcamera.hevc").write_bytes(b"not a video" * 100)
+
+
+BAD_SEGMENT_DIRS = {
+    "segment_without_log": lambda path: build_segment(path, log=None),
+    "segment_without_camera_states": lambda path: build_segment(path, camera_states=False),
+    "segment_shorter_than_its_index": lambda path: build_segment(path, video_frames=2),
+    "segment_not_hevc": _not_hevc,
+}
+"""Route segment directories that cannot be replayed, by placeholder: how each is made."""
+
+
+class _Paths(dict[str, str]):
+    """The placeholders' paths; a route segment's is built when a value first names it."""
+
+    def __init__(self, root: Path, paths: dict[str, str]) -> None:
+        super().__init__(paths)
+        self.root = root
+
+    def __missing__(self, key: str) -> str:
+        path = self.root / f"{key}--0"
+        BAD_SEGMENT_DIRS[key](path)
+        self[key] = str(path)
+        return self[key]
 
 
 @pytest.fixture
@@ -139,12 +171,13 @@ def paths(tmp_path: Path) -> dict[str, str]:
     garbage.write_bytes(b"no model, no video, no recording")
     (tmp_path / "in.dmsrec").write_bytes(b"")
     (tmp_path / "rlog").write_bytes(b"")
-    return {
+    found = {
         "missing": str(tmp_path / "missing"),
         "dir": str(tmp_path),
         "garbage": str(garbage),
         "log": str(tmp_path / "rlog"),
     }
+    return _Paths(tmp_path, found)
 
 
 def _cases() -> list[tuple[str, str, list[str]]]:
@@ -184,6 +217,19 @@ def test_a_bad_option_is_one_line_and_exit_code_2(command, flag, values, paths, 
     assert "Traceback" not in captured.err and not captured.out
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("segment", sorted(BAD_SEGMENT_DIRS))
+def test_a_route_segment_to_replay_that_cannot_be_is_one_line_and_exit_code_2(
+    segment, paths, capsys
+):
+    code = main(["replay", paths[segment], "--health-port", "-1"])
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert code == ExitCode.REFUSED, captured.err
+    assert len(lines) == 1 and lines[0].startswith("aio-dms replay: route segment "), lines
+    assert "Traceback" not in captured.err and not captured.out
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [(name, value) for name, values in BAD_FIELDS.items() for value in values],
@@ -218,6 +264,7 @@ def test_a_health_port_in_use_is_one_line_naming_the_port_and_its_option(capsys)
         ["run", "--calib", "-0.1,0.05", "--threads", "0"],
         ["replay", "{missing}"],
         ["run", "--duration", "nan"],
+        ["replay", "{segment_without_camera_states}"],
     ],
     ids=[
         "broken-model",
@@ -226,11 +273,12 @@ def test_a_health_port_in_use_is_one_line_naming_the_port_and_its_option(capsys)
         "negative-calib",
         "replay-missing",
         "nan-duration",
+        "replay-bad-segment",
     ],
 )
 def test_no_traceback_escapes_a_real_process(argv, paths):
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *(arg.format(**paths) for arg in argv)],
+        [sys.executable, "-m", "pipelines.cli", *(arg.format_map(paths) for arg in argv)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -70,7 +70,11 @@ def test_making_a_config_asks_nothing_of_the_machine_and_checking_it_does(tmp_pa
         ({"calib": (0.0, 1.0)}, "calibration must be 3 finite numbers"),
         ({"device": "cpu", "faults": "gpu-hang@3"}, "accelerator faults need --device sim"),
         ({"model_cpus": "1;2"}, "model_cpus: expected auto, none or CPU numbers, got '1;2'"),
-        ({"camera": ""}, "camera: expected 'synthetic', a video file or a recording"),
+        (
+            {"camera": ""},
+            "camera: expected 'synthetic', a video file, a recording or an openpilot "
+            "route segment directory, got ''",
+        ),
         ({"health_port": 70000}, "health_port must be a port number"),
         ({"backoff_initial": 2.0, "backoff_max": 1.0}, "backoff_max must be at least"),
     ],

@@ -5,7 +5,8 @@ deadlines, with an honest availability state. Modules:
 
 - ``camera``, ``camera_sources``, ``camera_video``, ``camera_replay`` (with ``recording``,
   ``recording_reader``): frames (NV12), the cabin cameras, and the synthetic, video-file and
-  replay sources, and recordings;
+  replay sources, and recordings; ``openpilot.segments`` (with ``openpilot.segment_log``):
+  openpilot's route segments as a camera;
 - ``warp``: the model's input image, as openpilot warps it;
 - ``model``, ``model_metadata`` (with ``metadata_limits``, ``metadata_pickle``), ``model_runner``,
   ``reference_model``: the model contract (its metadata read within limits), the bundled reference
@@ -43,6 +44,7 @@ if typing.TYPE_CHECKING:
     from .endpoints import HealthState
     from .faults import FaultSpec, parse_faults
     from .messages import DriverStateV2
+    from .openpilot.segments import SegmentCamera
     from .publish import SubscriptionStalled
     from .recording import record_frames
     from .service import BoundEndpoints, DmsService, StartupError, Summary
@@ -64,6 +66,7 @@ __all__ = [
     "Mode",
     "Reason",
     "ReplayCamera",
+    "SegmentCamera",
     "ServiceConfig",
     "StartupError",
     "SubscriptionStalled",
@@ -90,6 +93,7 @@ _HOMES = {
     ".endpoints": ("HealthState",),
     ".faults": ("FaultSpec", "parse_faults"),
     ".messages": ("DriverStateV2",),
+    ".openpilot.segments": ("SegmentCamera",),
     ".publish": ("SubscriptionStalled",),
     ".service": ("BoundEndpoints", "DmsService", "StartupError", "Summary"),
     ".service._backends": ("TransportOpener",),

@@ -3,9 +3,10 @@
 :class:`ReplayCamera` replays a recording (:mod:`pipelines.dms.recording` describes the format and
 writes it; :mod:`pipelines.dms.recording_reader` reads it — their names are re-exported here) as a
 live source: frame ids and the bytes are as recorded, the timestamps are moved onto the service's
-loop clock (the first frame's start of frame is the moment the first frame is requested; later
-frames keep their recorded spacing, and each is delivered at its end of frame), and the recorded
-timestamps stay on the frame as ``recorded_sof`` / ``recorded_eof``.
+loop clock (:class:`~pipelines.dms.camera_sources.RecordedTime`: the first frame's start of frame
+is the moment the first frame is requested; later frames keep their recorded spacing, and each is
+delivered at its end of frame), and the recorded timestamps stay on the frame as
+``recorded_sof`` / ``recorded_eof``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from pathlib import Path
 
 from .camera import Frame
-from .camera_sources import SourceBase, clock_ns
+from .camera_sources import RecordedTime, SourceBase
 from .recording_reader import RecordingReader
 
 __all__ = ["ReplayCamera"]
@@ -36,7 +37,7 @@ class ReplayCamera(SourceBase):
         self.paced = paced
         self._reader: RecordingReader | None = None
         self._next = 0
-        self._origin_ns = 0
+        self._clock = RecordedTime(paced=paced)
 
     async def open(self) -> RecordingReader:
         """Open and validate the recording (done by the first frame request if not before)."""
@@ -63,13 +64,7 @@ class ReplayCamera(SourceBase):
             timeout=self.read_timeout,
         )
         self._next += 1
-        if not self.paced:  # stamped as it is read
-            sof = clock_ns()
-        else:
-            if index == 0:
-                self._origin_ns = clock_ns()
-            sof = self._origin_ns + (recorded.timestamp_sof - reader.records[0].sof)
-        return recorded.retimed(sof, sof + recorded.timestamp_eof - recorded.timestamp_sof)
+        return self._clock.retimed(recorded)
 
     async def aclose(self) -> None:
         """Close the file (after any read still running on its worker thread)."""

@@ -5,7 +5,8 @@ with ``aclose()``. Sources pace on the running event loop's clock (:func:`wait_u
 run in real time in a service and deterministically, in milliseconds, under
 :func:`aio_runtime.testing.virtual_time`. The synthetic camera and calibration stream are in
 :mod:`pipelines.dms.camera_synthetic`, the video-file source in :mod:`pipelines.dms.camera_video`,
-recorded replay in :mod:`pipelines.dms.camera_replay`; :func:`open_camera` opens the one a
+recorded replay in :mod:`pipelines.dms.camera_replay`, openpilot's route segments in
+:mod:`pipelines.dms.openpilot.segments`; :func:`open_camera` opens the one a
 :data:`~pipelines.dms.config.CameraSpec` names.
 
 Timing, as camerad produces it (spec section 5): capture period ``k`` starts at
@@ -37,11 +38,13 @@ __all__ = [
     "CalibrationSample",
     "ClosableStream",
     "FrameSource",
+    "RecordedTime",
     "Rpy",
     "SourceBase",
     "clock_ns",
     "closing",
     "open_camera",
+    "open_segment",
     "period_ns",
     "wait_until_ns",
 ]
@@ -166,6 +169,33 @@ async def wait_until_ns(t_ns: int) -> None:
     await anyio.sleep_until(t_ns / 1e9)
 
 
+class RecordedTime:
+    """How a replayed source moves frames stamped on another clock (a recording's, a log's) onto
+    the loop clock.
+
+    Paced: the first frame's start of frame is the moment it is retimed, and later frames keep
+    their recorded spacing from it (so each is delivered at its recorded interval); unpaced:
+    each frame is stamped as it is retimed. Either way a frame keeps its readout (end minus
+    start of frame), and its recorded timestamps stay on it as ``recorded_sof`` /
+    ``recorded_eof`` (:meth:`~pipelines.dms.camera.Frame.retimed`).
+    """
+
+    def __init__(self, *, paced: bool) -> None:
+        self.paced = paced
+        self._origin: tuple[int, int] | None = None
+        """(loop clock, recorded start of frame) of the first frame retimed."""
+
+    def retimed(self, frame: Frame) -> Frame:
+        """``frame`` on the loop clock (the same buffer)."""
+        if not self.paced:
+            sof = clock_ns()
+        else:
+            if self._origin is None:
+                self._origin = (clock_ns(), frame.timestamp_sof)
+            sof = self._origin[0] + frame.timestamp_sof - self._origin[1]
+        return frame.retimed(sof, sof + frame.timestamp_eof - frame.timestamp_sof)
+
+
 @dataclass(frozen=True)
 class CalibrationSample:
     """One calibration message: ``rpy`` = (roll, pitch, yaw) in radians (openpilot's
@@ -206,15 +236,22 @@ class _Closable(Protocol):
 
 
 def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
-    """The source ``spec`` names: the synthetic camera, or a file — a recording of ours when its
-    first bytes say so, else a video file. ``paced=False``: a file as fast as it is asked for
-    (the synthetic camera is a camera: paced only)."""
+    """The source ``spec`` names: the synthetic camera; an openpilot route segment, for a
+    directory (:class:`~pipelines.dms.openpilot.segments.SegmentCamera`); or a file — a
+    recording of ours when its first bytes say so, else a video file. ``paced=False``: a file or
+    a segment as fast as it is asked for (the synthetic camera is a camera: paced only)."""
     from .camera_synthetic import SyntheticCamera
 
     if not isinstance(spec, CameraFile):
         if not paced:
-            raise ValueError("the synthetic camera is live: replay a recording or a video file")
+            raise ValueError(
+                "the synthetic camera is live: replay a recording, a video file or a segment"
+            )
         return SyntheticCamera()
+    if spec.path.is_dir():
+        from .openpilot.segments import SegmentCamera
+
+        return SegmentCamera(spec.path, paced=paced)
     from .camera_replay import ReplayCamera
     from .recording import FILE_MAGIC
 
@@ -230,3 +267,24 @@ def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
     from .camera_video import VideoFileCamera  # OpenCV: only when a video is asked for
 
     return VideoFileCamera(spec.path, paced=paced)
+
+
+async def open_segment(spec: CameraSpec, *, paced: bool = True) -> FrameSource | None:
+    """The openpilot route segment ``spec`` names, opened now — its log read and matched to its
+    video, on the source's worker thread, within its bounds — so that a segment that cannot be
+    replayed is refused before any work starts (the error the source raises:
+    :class:`~pipelines.dms.openpilot.segment_log.SegmentError`, a ``LogError``, a
+    :class:`~aio_runtime.CameraTimeout`; the source is closed). None for any other camera: those
+    open as their first frame is asked for, and one that cannot is a camera that failed."""
+    if not (isinstance(spec, CameraFile) and spec.path.is_dir()):
+        return None
+    from .openpilot.segments import SegmentCamera
+
+    source = SegmentCamera(spec.path, paced=paced)
+    try:
+        await source.open()
+    except BaseException:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BOUND):
+            await source.aclose()
+        raise
+    return source

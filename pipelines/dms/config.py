@@ -50,7 +50,7 @@ __all__ = [
 
 def _camera(value: Any) -> str | None:
     ok = isinstance(value, (Synthetic, CameraFile))
-    return None if ok else "must be 'synthetic', a video file or a recording"
+    return None if ok else "must be 'synthetic', a video file, a recording or a segment directory"
 
 
 def _faults(value: Any) -> str | None:
@@ -64,7 +64,8 @@ class ServiceConfig:
 
     camera: CameraSpec = setting(
         Synthetic(),
-        "synthetic, a video file, or a recording (replayed)",
+        "synthetic, a video file, a recording (replayed), or an openpilot route segment "
+        "directory (its dcamera.hevc, timed by its rlog)",
         parse=parse_camera,
         check=_camera,
         metavar="synthetic|PATH",
@@ -329,15 +330,14 @@ class ServiceConfig:
             raise ValueError("accelerator faults need --device sim")
 
     def check_environment(self) -> None:
-        """What depends on the machine: the camera and model files exist and can be read; the
-        JSON lines file can be written (its directory exists; a file already there only when
-        appending to it), and so can the log (a new file); the model's CPUs are CPUs this
-        process may use, with one left for the event loop. :class:`ValueError` saying what was
-        expected. (A port in use is found as the service binds it.)"""
+        """What depends on the machine: the camera and model files exist and can be read (a
+        camera directory holds a route segment's video and log); the JSON lines file can be
+        written (its directory exists; a file already there only when appending to it), and so
+        can the log (a new file); the model's CPUs are CPUs this process may use, with one left
+        for the event loop. :class:`ValueError` saying what was expected. (A port in use is found
+        as the service binds it.)"""
         if isinstance(self.camera, CameraFile):
-            values.readable_file(
-                "camera", self.camera.path, "expected 'synthetic', a video file or a recording"
-            )
+            self.camera.check_environment()
         if self.model is not None:
             values.readable_file("model", self.model, "expected an ONNX model file")
         if self.jsonl is not None and self.jsonl != "-":

@@ -10,7 +10,17 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CameraFile", "CameraSpec", "DeviceKind", "Mode", "Synthetic", "parse_camera"]
+from .config_values import readable_file
+
+__all__ = [
+    "CAMERA_PATHS",
+    "CameraFile",
+    "CameraSpec",
+    "DeviceKind",
+    "Mode",
+    "Synthetic",
+    "parse_camera",
+]
 
 
 class Mode(enum.StrEnum):
@@ -43,22 +53,41 @@ class Synthetic:
         return "synthetic"
 
 
+CAMERA_PATHS = "a video file, a recording or an openpilot route segment directory"
+"""What a camera path may name."""
+
+
 @dataclass(frozen=True)
 class CameraFile:
-    """A video file or a recording of ours (replayed); which of the two, its first bytes say
-    when it is opened."""
+    """A camera read from a path: a video file, a recording of ours (replayed), or an openpilot
+    route segment — a directory holding the driver camera's ``dcamera.hevc`` and the segment's
+    log (:mod:`pipelines.dms.openpilot.segments`). Which, the path says when it is checked or
+    opened (a directory is a segment; a file, its first bytes say), on the machine that runs the
+    camera."""
 
     path: Path
 
     def __str__(self) -> str:
         return str(self.path)
 
+    def check_environment(self) -> None:
+        """The path can be read as a camera: a file that can be read, or a directory with a
+        segment's video and log (only looked at: nothing is read). :class:`ValueError` saying
+        what was expected."""
+        if self.path.is_dir():
+            from .openpilot.segment_log import segment_files
+
+            segment_files(self.path)
+            return
+        readable_file("camera", self.path, f"expected 'synthetic', {CAMERA_PATHS}")
+
 
 CameraSpec = Synthetic | CameraFile
 
 
 def parse_camera(text: str) -> CameraSpec:
-    """``synthetic``, or the path of a video file or a recording."""
+    """``synthetic``, or the path of a video file, a recording or a route segment directory
+    (a segment directory's name ends in ``--<segment number>``; that is not required)."""
     if not text:
-        raise ValueError("camera: expected 'synthetic', a video file or a recording, got ''")
+        raise ValueError(f"camera: expected 'synthetic', {CAMERA_PATHS}, got ''")
     return Synthetic() if text == "synthetic" else CameraFile(Path(text))

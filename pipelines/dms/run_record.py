@@ -1,11 +1,13 @@
 """``aio-dms record``: frames from any camera source the service takes — the synthetic camera, a
-video file, a recording — to a recording that ``aio-dms replay`` reads.
+video file, a recording, an openpilot route segment — to a recording that ``aio-dms replay``
+reads.
 
 The source is taken as ``aio-dms run --camera`` takes it: at its own pace (a file at its frame
 rate), its frames stamped as a live service sees them. Every option is checked before any frame is
-taken: the camera as ``run`` checks it, the count (at least 1), the output (a new file, in a
-directory that exists: a recording is never overwritten). A signal stops the recording with what
-was written kept whole; so does a camera that fails.
+taken: the camera as ``run`` checks it (a route segment is opened first: its log read), the count
+(at least 1), the output (a new file, in a directory that exists: a recording is never
+overwritten). A signal stops the recording with what was written kept whole; so does a camera
+that fails.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from aio_runtime import configure_logging
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .camera import Frame
-from .camera_sources import FrameSource, closing, open_camera
-from .config import ServiceConfig
+from .camera_sources import FrameSource, closing, open_camera, open_segment
+from .config import CameraSpec, ServiceConfig
 from .config_values import writable_file
 from .recording import record_frames
 from .recording_reader import RecordingReader
@@ -41,7 +43,8 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
         "--camera",
         metavar="synthetic|PATH",
         default="synthetic",
-        help="synthetic, a video file, or a recording (default: synthetic)",
+        help="synthetic, a video file, a recording, or an openpilot route segment directory "
+        "(default: synthetic)",
     )
     parser.add_argument(
         "--frames", metavar="N", required=True, help="how many frames to record (required)"
@@ -77,10 +80,15 @@ def record(args: argparse.Namespace, stopping: Stopping) -> int:
     assert config.frames is not None
     console = Console(file=sys.stderr) if sys.stderr.isatty() else None
     started = time.monotonic()
-    failure = anyio.run(
-        _record, open_camera(config.camera), output, config.frames, stopping, console
-    )
+    try:
+        failure = anyio.run(_record, config.camera, output, config.frames, stopping, console)
+    except _Refused as exc:
+        print(f"aio-dms record: {exc}", file=sys.stderr)
+        return ExitCode.REFUSED
     seconds = time.monotonic() - started
+    if stopping.requested and not output.exists():  # stopped as a route segment opened
+        print("aio-dms record: stopped by a signal before the first frame", file=sys.stderr)
+        return stopped_exit_code("record")
     try:
         with RecordingReader(output) as recording:  # whole, however the recording ended
             frames, raw = len(recording), sum(record.size for record in recording.records)
@@ -112,17 +120,22 @@ def _new_file(text: str) -> Path:
     return path
 
 
+class _Refused(Exception):
+    """The camera, refused as it opened: before any frame was taken (one line, the reason)."""
+
+
 async def _record(
-    source: FrameSource, output: Path, frames: int, stopping: Stopping, console: Console | None
+    camera: CameraSpec, output: Path, frames: int, stopping: Stopping, console: Console | None
 ) -> str | None:
-    """Record until ``frames`` are written, the source ends or fails (returned: why), or a
-    signal comes; the progress drawn on ``console``, if given."""
+    """Record from ``camera`` until ``frames`` are written, the source ends or fails (returned:
+    why), or a signal comes; the progress drawn on ``console``, if given. A route segment that
+    cannot be replayed: :class:`_Refused`, before the output is made."""
     loop = asyncio.get_running_loop()  # the command line runs on asyncio
     scope = anyio.CancelScope()
     display = ProgressDisplay(console, "record") if console is not None else None
     taken = 0
 
-    async def shown() -> AsyncIterator[Frame]:
+    async def shown(source: FrameSource) -> AsyncIterator[Frame]:
         nonlocal taken
         async for frame in source:
             if display is not None:
@@ -135,8 +148,14 @@ async def _record(
 
     try:
         with stopping.calling(stop), scope:
+            try:
+                source = await open_segment(camera) or open_camera(camera)
+            except (ValueError, OSError) as exc:  # a segment's log, its video; or their bound
+                raise _Refused(str(exc).splitlines()[0]) from exc
             async with closing(source):
-                await record_frames(shown(), output, frames=frames, exist_ok=False)
+                await record_frames(shown(source), output, frames=frames, exist_ok=False)
+    except _Refused:
+        raise
     except Exception as exc:  # a source that fails ends the recording, reported, not a crash
         return f"{type(exc).__name__}: {exc}"
     finally:

@@ -30,7 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from aio_runtime import ExcInfo, Transition
 
 from ..camera import Frame
-from ..camera_sources import CalibrationSample
+from ..camera_sources import CLOSE_BOUND, CalibrationSample, FrameSource, open_segment
 from ..camera_synthetic import SyntheticCalibration
 from ..config import Mode, ServiceConfig
 from ..endpoints import HealthState, create_app
@@ -108,6 +108,8 @@ class DmsService:
         self._done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._camera: Camera | None = None
+        self._segment: FrameSource | None = None
+        """The route segment of ``config.camera``, opened as the service starts."""
 
     @property
     def summary(self) -> Summary:
@@ -124,8 +126,10 @@ class DmsService:
         return self._camera.length if self._camera is not None else None
 
     async def __aenter__(self) -> DmsService:
-        """Start: check the machine's side of the config, open the sinks, bind the health port,
-        load the model — then take frames. :class:`StartupError` for the first that fails."""
+        """Start: check the machine's side of the config (and open a route segment named as
+        the camera: its log is read and matched to its video), open the sinks, bind the health
+        port, load the model — then take frames. :class:`StartupError` for the first that
+        fails."""
         try:
             await self._start_up()
         except StartupError as exc:
@@ -143,6 +147,8 @@ class DmsService:
         try:
             with refused():
                 cfg.check_environment()
+                if self._source is None:
+                    self._segment = await open_segment(cfg.camera, paced=cfg.mode is Mode.LIVE)
             with refused("zmq"):
                 self.outcomes.open_sinks(zmq=cfg.zmq, allow_remote=cfg.allow_remote)
             with refused("jsonl"):
@@ -155,6 +161,7 @@ class DmsService:
         except BaseException:  # the sinks opened so far (say, one before one that failed)
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
+            await self._close_segment()
             raise
         zmq = next(
             (
@@ -228,8 +235,9 @@ class DmsService:
                 async with anyio.create_task_group() as services:
                     warpers = await self._start(services, model_cpus)
                     task_status.started()
+                    source = self._source if self._source is not None else self._segment
                     camera = self._camera = Camera(
-                        cfg.camera if self._source is None else self._source,
+                        cfg.camera if source is None else source,
                         limits=cfg,
                         faults=self._faults,
                         policy=policy,
@@ -260,7 +268,15 @@ class DmsService:
                     services.cancel_scope.cancel()
         finally:
             outcomes.drop_in_flight()  # frames in flight when the service stops: counted
+            await self._close_segment()  # closed by the camera stage, unless it never ran
             self._done.set()
+
+    async def _close_segment(self) -> None:
+        """Close the route segment opened as the service started, if there is one (shielded,
+        within :data:`~pipelines.dms.camera_sources.CLOSE_BOUND`; closing twice is harmless)."""
+        if self._segment is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BOUND):
+                await self._segment.aclose()
 
     async def _stop_on_sink_failure(self, frames: anyio.CancelScope) -> None:
         """A sink that fails (or whose reader closed it) ends the service: the summary says

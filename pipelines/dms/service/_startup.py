@@ -1,7 +1,8 @@
 """How the service starts, and how it says it could not: one typed error, :class:`StartupError`.
 
 Everything the service needs before it takes its first frame is checked or opened first — the
-machine's side of the config, the sinks, the health endpoints' port, the model and its contract —
+machine's side of the config (a route segment as the camera: opened, its log read), the sinks,
+the health endpoints' port, the model and its contract —
 and a failure of any of them is one :class:`StartupError` out of ``async with DmsService(...)``
 (never an exception group), naming the setting that changes it. Once started, the service says
 where it listens: :class:`BoundEndpoints`.

@@ -1,0 +1,289 @@
+"""An openpilot route segment as a camera: the driver camera's ``dcamera.hevc``, timed by the
+segment's log.
+
+:class:`SegmentCamera` decodes the video with PyAV (FFmpeg's HEVC decoder) on the source's
+worker thread, converts each frame to NV12 in camerad's layout (the stride and padding of
+:func:`~pipelines.dms.camera.nv12_layout`, for the 1928x1208 and the 1344x760 camera alike; the
+decoded bytes as they are, no colour conversion) and gives it the frame id and timestamps the log
+has for it (:mod:`.segment_log` says how the log's Events are matched to the video). Frames are
+delivered as :class:`~pipelines.dms.camera_replay.ReplayCamera` delivers a recording's: the log's
+timestamps kept as ``recorded_sof`` / ``recorded_eof``, the service's clock in
+``timestamp_sof`` / ``timestamp_eof`` (:class:`~pipelines.dms.camera_sources.RecordedTime`) —
+paced at the log's own frame intervals, or unpaced for a replay.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from aio_runtime import get_logger
+
+from ..camera import Frame, FrameGeometryError, nv12_layout
+from ..camera_sources import RecordedTime, SourceBase
+from .segment_log import (
+    VIDEO_NAME,
+    SegmentError,
+    SegmentFiles,
+    SegmentIndex,
+    read_segment_index,
+    segment_files,
+)
+
+if TYPE_CHECKING:
+    import av
+
+__all__ = ["SegmentCamera", "count_video_frames", "nv12_from_video"]
+
+Buffer = npt.NDArray[np.uint8]
+
+_log = get_logger(__name__)
+
+
+def count_video_frames(path: Path, where: str) -> int:
+    """The frames of the raw HEVC stream at ``path``, counted by parsing it (not decoding);
+    :class:`SegmentError` for a file that is not one."""
+    import av
+
+    try:
+        with av.open(str(path), format="hevc") as container:
+            stream = container.streams.video[0]
+            return sum(1 for packet in container.demux(stream) if packet.size)
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise SegmentError(f"{where}: {VIDEO_NAME} is not an HEVC stream: {_said(exc)}") from None
+
+
+def _said(error: Exception) -> str:
+    """What FFmpeg said (its message without the error number and the call), or the error."""
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__
+
+
+def _plane(plane: av.video.plane.VideoPlane, rows: int, columns: int) -> Buffer:
+    data = np.frombuffer(memoryview(plane), dtype=np.uint8)
+    return data[: rows * plane.line_size].reshape(rows, plane.line_size)[:, :columns]
+
+
+def nv12_from_video(frame: av.VideoFrame) -> tuple[Buffer, int, int]:
+    """A decoded video frame as an NV12 buffer in camerad's layout (padding 0), with its width
+    and height. 4:2:0 frames (``yuv420p``, ``yuvj420p``, ``nv12``) keep their bytes; any other
+    pixel format is converted to ``yuv420p`` first. :class:`FrameGeometryError` for odd
+    dimensions."""
+    if frame.format.name not in ("yuv420p", "yuvj420p", "nv12"):
+        frame = frame.reformat(format="yuv420p")
+    width, height = frame.width, frame.height
+    layout = nv12_layout(width, height)
+    stride, rows = layout.stride, height // 2
+    buffer = np.zeros(layout.size, dtype=np.uint8)
+    buffer[: height * stride].reshape(height, stride)[:, :width] = _plane(
+        frame.planes[0], height, width
+    )
+    uv = buffer[layout.uv_offset : layout.uv_offset + rows * stride].reshape(rows, stride)
+    if frame.format.name == "nv12":
+        uv[:, :width] = _plane(frame.planes[1], rows, width)
+    else:
+        uv[:, 0:width:2] = _plane(frame.planes[1], rows, width // 2)
+        uv[:, 1:width:2] = _plane(frame.planes[2], rows, width // 2)
+    return buffer, width, height
+
+
+class _Video:
+    """The video's decoder, used on the camera's worker thread only: frames in display order."""
+
+    def __init__(self, path: Path, where: str, threads: int) -> None:
+        import av
+
+        self.where = where
+        self.position = 0
+        """The next frame's index in the video."""
+        try:
+            self._container = av.open(str(path), format="hevc")
+        except av.error.FFmpegError as exc:
+            raise SegmentError(
+                f"{where}: {VIDEO_NAME} is not an HEVC stream: {_said(exc)}"
+            ) from None
+        if not self._container.streams.video:
+            self._container.close()
+            raise SegmentError(f"{where}: {VIDEO_NAME} holds no video stream")
+        stream = self._container.streams.video[0]
+        context = stream.codec_context
+        # A damaged frame is an error, not a frame FFmpeg conceals and passes on as good.
+        context.options = {"err_detect": "explode"}
+        context.thread_count = threads
+        width, height = context.width, context.height
+        if width <= 0 or height <= 0 or width % 2 or height % 2:
+            self._container.close()
+            raise SegmentError(
+                f"{where}: {VIDEO_NAME} is {width}x{height}; NV12 needs positive, even dimensions"
+            )
+        self._frames: Iterator[av.VideoFrame] = self._container.decode(stream)
+
+    def read(self) -> tuple[Buffer, int, int] | None:
+        """The next frame (NV12, width, height), or None at the end of the video."""
+        import av
+
+        try:
+            decoded = next(self._frames, None)
+        except av.error.FFmpegError as exc:
+            raise SegmentError(
+                f"{self.where}: video frame {self.position} of {VIDEO_NAME} cannot be decoded: "
+                f"{_said(exc)}"
+            ) from None
+        if decoded is None:
+            return None
+        self.position += 1
+        try:
+            return nv12_from_video(decoded)
+        except FrameGeometryError as exc:
+            raise SegmentError(f"{self.where}: video frame {self.position - 1}: {exc}") from None
+
+    def close(self) -> None:
+        self._container.close()
+
+
+class SegmentCamera(SourceBase):
+    """The driver camera of the openpilot route segment in ``path``, as a camera (see the module
+    docstring): one frame per video frame the log times, with the log's frame ids.
+
+    * ``paced`` — delivered at the log's own frame intervals (``aio-dms run``); unpaced: as fast
+      as they are asked for, each stamped as it is decoded (``aio-dms replay``).
+    * ``open_timeout`` — bound on opening: reading and matching the log, parsing the video to
+      count its frames; ``decode_timeout`` — bound on decoding one frame. Both run on the
+      camera's worker thread (:class:`~aio_runtime.CameraTimeout` past them), never on the loop.
+    * ``decode_threads`` — FFmpeg's decoding threads (0: as many as it likes).
+
+    Opening (:meth:`open`, or the first frame request) raises :class:`SegmentError` for a path
+    that is not a segment, a log without camera states, a video shorter than its encode index
+    says, or a video that is not HEVC, and :class:`~.logs.LogError` for a log that cannot be
+    read. A frame that cannot be decoded raises :class:`SegmentError` when it is reached. Video
+    frames the log does not time, and (without an encode index) camera states beyond the video,
+    are skipped: logged once, as the segment opens, and counted in :attr:`index`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        paced: bool = True,
+        open_timeout: float = 30.0,
+        decode_timeout: float = 2.0,
+        decode_threads: int = 1,
+    ) -> None:
+        self.path = Path(path)
+        """The segment directory."""
+        self.paced = paced
+        self.open_timeout = open_timeout
+        self.decode_timeout = decode_timeout
+        self.decode_threads = decode_threads
+        self.files: SegmentFiles | None = None
+        """The segment's video and log, once open."""
+        self.index: SegmentIndex | None = None
+        """The log's account of the video, once open."""
+        self._where = f"route segment {str(self.path)!r}"
+        self._video: _Video | None = None
+        """The decoder: made, used and closed on the worker thread, one call at a time."""
+        self._opened: SegmentIndex | None = None
+        """The index, as the worker thread's open found it (before the loop hears of it)."""
+        self._last = 0
+        """The last video frame the log times: decoding stops there."""
+        self._clock = RecordedTime(paced=paced)
+
+    async def open(self) -> SegmentIndex:
+        """Read the log and match it to the video (on the worker thread); done by the first
+        frame request if not before."""
+        if self.index is None:
+            if self._closed:
+                raise RuntimeError(f"{self._where} is closed")
+            self.index = await self._blocking(
+                self._open_blocking, awaited=f"opening {self._where}", timeout=self.open_timeout
+            )
+            self.length = self.index.matched
+            self._last = max(k for k, frame in enumerate(self.index.frames) if frame is not None)
+            self._report(self.index)
+        return self.index
+
+    def _open_blocking(self) -> SegmentIndex:
+        if self._opened is not None:  # by an earlier open that was not waited for to its end
+            return self._opened
+        files = self.files = segment_files(self.path)
+        count = count_video_frames(files.video, self._where)
+        if count == 0:
+            raise SegmentError(f"{self._where}: {VIDEO_NAME} holds no video frames")
+        index = read_segment_index(files.log, count, self._where)
+        if index.matched == 0:
+            raise SegmentError(f"{self._where}: the log times none of the video's frames")
+        self._video = _Video(files.video, self._where, self.decode_threads)
+        self._opened = index
+        return index
+
+    def _report(self, index: SegmentIndex) -> None:
+        if index.beyond_video:
+            _log.warning(
+                "camera states beyond the video's length: skipped",
+                segment=str(self.path),
+                camera_states=index.camera_states,
+                video_frames=len(index.frames),
+                skipped=index.beyond_video,
+            )
+        if index.untimed:
+            _log.warning(
+                "video frames the log does not time: skipped",
+                segment=str(self.path),
+                video_frames=len(index.frames),
+                skipped=index.untimed,
+            )
+
+    def _read_blocking(self) -> tuple[int, tuple[Buffer, int, int] | None]:
+        """The next video frame's index, and the frame (None: the end, or closed)."""
+        if self._video is None:
+            return 0, None
+        position = self._video.position
+        return position, self._video.read()
+
+    async def _next_frame(self) -> Frame:
+        index = await self.open()
+        while True:
+            position, decoded = await self._blocking(
+                self._read_blocking,
+                awaited=f"decoding a frame of {self._where}",
+                timeout=self.decode_timeout,
+            )
+            if decoded is None or self._closed or position > self._last:
+                await self.aclose()
+                raise StopAsyncIteration
+            logged = index.frames[position]
+            if logged is None:
+                continue  # a video frame the log does not time
+            buffer, width, height = decoded
+            frame = Frame(
+                buffer,
+                width,
+                height,
+                nv12_layout(width, height).stride,
+                frame_id=logged.frame_id,
+                timestamp_sof=logged.timestamp_sof,
+                timestamp_eof=logged.timestamp_eof,
+            )
+            return self._clock.retimed(frame)
+
+    async def aclose(self) -> None:
+        """Close the video (after any decode still running on the worker thread)."""
+        self._closed = True
+        try:
+            if self._worker is not None:
+                await self._blocking(
+                    self._close_blocking,
+                    awaited=f"closing {self._where}",
+                    timeout=self.decode_timeout,
+                )
+        finally:
+            self._end_worker()
+
+    def _close_blocking(self) -> None:
+        video, self._video = self._video, None
+        if video is not None:
+            video.close()
