@@ -25,6 +25,14 @@ from ..stopping import Stopping
 from .camera import Frame
 from .config import CameraFile, Mode, ServiceConfig, Setting, settings
 from .config_values import integer, number, writable_file
+from .messages import DriverStateV2
+from .openpilot.replay_compare import (
+    CompareRequest,
+    add_compare_arguments,
+    collect,
+    compare_request,
+    written_comparison,
+)
 from .run_progress import ProgressDisplay, follow_progress, progress_console
 from .run_summary import (
     RunFacts,
@@ -82,12 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
         help="write the run's summary to PATH as one JSON document as the command ends, "
         "however it ends (a file there is replaced) (default: none)",
     )
+    if command == "replay":
+        add_compare_arguments(parser)
 
 
 def single_value_flags() -> set[str]:
     """The flags of ``run`` and ``replay`` that take one value (which may begin with ``-``); a
     flag whose value may be left out is not one of them."""
-    flags = {"--log-format", "--summary-json"}
+    flags = {"--log-format", "--summary-json", "--compare", "--tolerance", "--max-disagreement"}
     for item, declared in settings():
         if not isinstance(item.default, bool) and not declared.together and declared.bare is None:
             flags.add(_flag(item, declared))
@@ -133,11 +143,12 @@ def _shown(item: dataclasses.Field[Any], declared: Setting) -> str:
 
 @dataclass
 class _Served:
-    """What the service left, however ``_serve`` ended: the service (once made) and when it
-    ended on the loop's clock."""
+    """What the service left, however ``_serve`` ended: the service (once made), when it ended
+    on the loop's clock, and its messages by frameId when they are compared (``--compare``)."""
 
     service: DmsService | None = None
     ended: float | None = None
+    compared: dict[int, DriverStateV2] | None = None
 
 
 async def _serve(
@@ -150,6 +161,7 @@ async def _serve(
     """Run the service until it has ended: by itself, or stopped by a signal
     (``stopping.requested`` then); its progress drawn on ``console``, if given."""
     service = served.service = DmsService(config, source=source)
+    messages = service.messages() if served.compared is not None else None  # from the first
     loop = asyncio.get_running_loop()  # the command line runs on asyncio
     scope = anyio.CancelScope()
 
@@ -159,14 +171,17 @@ async def _serve(
     try:
         with stopping.calling(stop):
             with scope:
-                async with service, anyio.create_task_group() as tg:
-                    for line in (await service.started()).lines():
-                        print(line, file=sys.stderr)  # where it listens, as bound
-                    if console is not None:
-                        label = "replay" if config.mode is Mode.REPLAY else "run"
-                        tg.start_soon(follow_progress, service, ProgressDisplay(console, label))
-                    await service.finished()
-                    tg.cancel_scope.cancel()
+                async with anyio.create_task_group() as collecting:
+                    if messages is not None and served.compared is not None:
+                        collecting.start_soon(collect, messages, served.compared)  # to its end
+                    async with service, anyio.create_task_group() as tg:
+                        for line in (await service.started()).lines():
+                            print(line, file=sys.stderr)  # where it listens, as bound
+                        if console is not None:
+                            label = "replay" if config.mode is Mode.REPLAY else "run"
+                            tg.start_soon(follow_progress, service, ProgressDisplay(console, label))
+                        await service.finished()
+                        tg.cancel_scope.cancel()
     finally:
         served.ended = now()
 
@@ -231,6 +246,7 @@ def run(
     try:
         config = config_from(args, **fixed)  # the machine's side is checked as the service starts
         summary_json = _summary_path(getattr(args, "summary_json", None), config)
+        comparing = compare_request(args, config) if args.command == "replay" else None
     except ValueError as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return ExitCode.REFUSED
@@ -242,7 +258,7 @@ def run(
         model=str(config.model) if config.model is not None else "reference",
     )
     out = sys.stderr if config.jsonl == "-" else sys.stdout
-    served = _Served()
+    served = _Served(compared=None if comparing is None else {})
     console = progress_console(config, sys.stderr, sys.stdout)
     try:
         anyio.run(_serve, config, stopping, source, served, console)
@@ -274,9 +290,27 @@ def run(
     _print_summary(format_record(record), out)
     if error is not None:
         print(f"{command}: {error}", file=sys.stderr)
+    if comparing is not None and served.compared is not None and code == ExitCode.OK:
+        code = _compared(command, comparing, served.compared, out)
     if not written:
         return ExitCode.FAILED if code == ExitCode.OK else code
     return code
+
+
+def _compared(
+    command: str, request: CompareRequest, ours: dict[int, DriverStateV2], out: TextIO
+) -> int:
+    """The comparison's table on ``out``, its document written; the exit code it makes."""
+    try:
+        result, beyond = written_comparison(request, ours)
+    except OSError as exc:
+        print(f"{command}: the comparison could not be written to {request.output}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return ExitCode.FAILED
+    _print_summary(result.table(), out)
+    for line in beyond:
+        print(f"{command}: differs from openpilot's: {line}", file=sys.stderr)
+    return ExitCode.DIFFERS if beyond else ExitCode.OK
 
 
 def _print_summary(text: str, out: TextIO) -> None:
