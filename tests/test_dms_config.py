@@ -109,7 +109,8 @@ def test_every_setting_has_an_option_whose_help_shows_its_default():
             assert shown == (command in declared.commands), (command, flag)
             assert declared.help
         taken = sum(1 for _, d in settings() if d.flag != "" and command in d.commands)
-        assert text.count("(default: ") == taken + 2  # and the log format, the summary file
+        compare = 3 if command == "replay" else 0  # --compare, --tolerance, --max-disagreement
+        assert text.count("(default: ") == taken + 2 + compare  # the log format, the summary file
 
 
 def test_an_option_parsed_as_seconds_or_a_count_shows_so_unless_it_names_its_own_value():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import sys
@@ -29,7 +30,7 @@ from .messages import DriverStateV2
 from .openpilot.replay_compare import (
     CompareRequest,
     add_compare_arguments,
-    collect,
+    collecting,
     compare_request,
     written_comparison,
 )
@@ -171,17 +172,19 @@ async def _serve(
     try:
         with stopping.calling(stop):
             with scope:
-                async with anyio.create_task_group() as collecting:
-                    if messages is not None and served.compared is not None:
-                        collecting.start_soon(collect, messages, served.compared)  # to its end
-                    async with service, anyio.create_task_group() as tg:
-                        for line in (await service.started()).lines():
-                            print(line, file=sys.stderr)  # where it listens, as bound
-                        if console is not None:
-                            label = "replay" if config.mode is Mode.REPLAY else "run"
-                            tg.start_soon(follow_progress, service, ProgressDisplay(console, label))
-                        await service.finished()
-                        tg.cancel_scope.cancel()
+                comparing = (
+                    collecting(messages, served.compared)
+                    if messages is not None and served.compared is not None
+                    else contextlib.nullcontext()
+                )
+                async with comparing, service, anyio.create_task_group() as tg:
+                    for line in (await service.started()).lines():
+                        print(line, file=sys.stderr)  # where it listens, as bound
+                    if console is not None:
+                        label = "replay" if config.mode is Mode.REPLAY else "run"
+                        tg.start_soon(follow_progress, service, ProgressDisplay(console, label))
+                    await service.finished()
+                    tg.cancel_scope.cancel()
     finally:
         served.ended = now()
 

@@ -12,12 +12,15 @@ is openpilot's model replay on this runtime.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from ..config import CameraFile, ServiceConfig
 from ..config_values import writable_file
@@ -29,7 +32,7 @@ from .segment_log import SegmentError, segment_driver_states
 __all__ = [
     "CompareRequest",
     "add_compare_arguments",
-    "collect",
+    "collecting",
     "compare_request",
     "written_comparison",
 ]
@@ -117,12 +120,28 @@ def compare_request(args: argparse.Namespace, config: ServiceConfig) -> CompareR
     return CompareRequest(segment, path, tolerance, share, theirs)
 
 
-async def collect(messages: AsyncIterator[DriverStateV2], into: dict[int, DriverStateV2]) -> None:
-    """The replay's messages by frameId, until its subscription ends (status messages, which
-    have no frame, are left out)."""
-    async for message in messages:
-        if message.frame_id >= 0:
-            into[message.frame_id] = message
+@contextlib.asynccontextmanager
+async def collecting(
+    messages: AsyncIterator[DriverStateV2], into: dict[int, DriverStateV2]
+) -> AsyncIterator[None]:
+    """While the block runs, and after it to the end of ``messages`` (a service's subscription
+    ends as the service, inside the block, closes its sinks), the messages by frameId into
+    ``into`` (status messages, which have no frame, left out). What the block raises comes out as
+    it is, not in a group."""
+
+    async def collect() -> None:
+        async for message in messages:
+            if message.frame_id >= 0:
+                into[message.frame_id] = message
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect)
+            yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0]  # noqa: B904 (the group is only the task group's wrapping)
+        raise
 
 
 def written_comparison(
