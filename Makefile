@@ -47,6 +47,7 @@ bench: setup
 	$(PY) -m benchmarks.load
 	$(PY) -m benchmarks.soak
 	$(PY) -m benchmarks.embed
+	$(PY) -m benchmarks.segment
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples scripts

@@ -80,16 +80,22 @@ def luma(position: int, width: int, height: int) -> np.ndarray:
     return (32 + (rows + 2 * columns + 9 * position) % 180).astype(np.uint8)
 
 
-def write_hevc(path: Path, images: Sequence[np.ndarray], *, rate: int = 20) -> None:
+def write_hevc(
+    path: Path, images: Sequence[np.ndarray], *, rate: int = 20, bitrate: int | None = None
+) -> None:
     """``images`` (luma planes) as a raw HEVC stream, chroma :data:`U`, :data:`V`, without
-    B-frames (as openpilot's encoder: decode order is display order)."""
+    B-frames (as openpilot's encoder: decode order is display order); at ``bitrate`` (bits/s,
+    average), else at a constant quality that keeps the luma close."""
     height, width = images[0].shape
     with av.open(str(path), "w", format="hevc") as container:
         stream = container.add_stream("libx265", rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        quality = {"crf": "12"} if bitrate is None else {}
+        if bitrate is not None:
+            stream.bit_rate = bitrate
         stream.options = {
             "preset": "ultrafast",
-            "crf": "12",
+            **quality,
             "x265-params": "log-level=none:bframes=0",
         }
         u = np.full((height // 2) * (width // 2), U, np.uint8)
@@ -141,6 +147,7 @@ def build_segment(
     encode_type: int = 1,
     extra_events: Sequence[bytes] = (),
     image: Callable[[int, int, int], np.ndarray] = luma,
+    bitrate: int | None = None,
 ) -> BuiltSegment:
     """Write a segment into ``directory`` (made if missing); see the module docstring."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -175,7 +182,7 @@ def build_segment(
     if video_frames is not None:
         built.frames, built.images = built.frames[:video_frames], built.images[:video_frames]
     if video:
-        write_hevc(directory / "dcamera.hevc", built.images)
+        write_hevc(directory / "dcamera.hevc", built.images, bitrate=bitrate)
     if log is not None:
         (directory / log).write_bytes(_compressed(b"".join(events), log))
     return built
