@@ -1,8 +1,9 @@
 """Benchmark: an openpilot route segment (1928x1208 HEVC) replayed — the service beside a plain loop.
 
 A segment is built once (``--frames`` frames, default 200, of a 1928x1208 cabin scene with
-sensor noise, HEVC at 10 Mbit/s through PyAV's libx265, its log timing every frame; or ``--segment DIR``, a real
-one), then replayed in interleaved rounds (``--rounds``, default 3) two ways, on the CPU:
+sensor noise, HEVC at 10 Mbit/s through PyAV's libx265, its log timing every frame; or
+``--segment DIR``, a real one), then replayed in interleaved rounds (``--rounds``, default 3)
+two ways, on the CPU:
 
 * ``plain``: one thread, frame after frame, as a script would: decode the next HEVC frame with
   PyAV into NV12 (the same conversion the service's source makes), warp (our ``Warper``), run the
