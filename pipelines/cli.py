@@ -115,6 +115,7 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
     replay.add_argument(
         "input",
         metavar="INPUT",
+        nargs="?",  # required: checked after parsing, to say what took it (see _main)
         help="a recording of ours, a video file, or an openpilot route segment directory (its "
         "dcamera.hevc, with the frame ids and timestamps of its rlog)",
     )
@@ -278,6 +279,18 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     from .dms.run import run
 
     if args.command == "replay":
+        if args.input is None:
+            from .dms.config import settings
+
+            bare = next(d.bare for item, d in settings() if item.name == "cereal_zmq")
+            taken = getattr(args, "cereal_zmq", None)
+            hint = (
+                f" (--cereal-zmq took {taken!r} as its host: write --cereal-zmq=HOST, or put "
+                "INPUT before it)"
+                if taken not in (None, bare)
+                else ""
+            )
+            parser.error(f"replay: INPUT is required{hint}")
         if args.input == "synthetic":
             parser.error(
                 "replay: INPUT is a recording, a video file or a route segment, not the "

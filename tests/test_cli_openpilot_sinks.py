@@ -145,3 +145,20 @@ def test_the_help_names_the_ports_the_rule_gives(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert f"driverStateV2 on {cereal_port(DRIVER_STATE)}" in text
     assert f"dmsStatus on {cereal_port(STATUS)}" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["replay", "--cereal-zmq", "drive/route--4"], True),  # the segment taken as the host
+        (["replay", "--cereal-zmq"], False),
+        (["replay"], False),
+    ],
+)
+def test_a_replay_without_its_input_says_so_and_what_took_it(argv, hint, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert exited.value.code == ExitCode.REFUSED
+    assert err[-1].startswith("aio-dms: replay: INPUT is required")
+    assert ("--cereal-zmq took 'drive/route--4' as its host" in err[-1]) is hint
