@@ -196,6 +196,39 @@ async def test_a_decode_that_overruns_its_bound_is_a_camera_timeout(tmp_path, mo
     assert info.value.timeout == 2.0
 
 
+async def test_a_stop_while_the_segment_opens_comes_out_as_itself_and_the_decoder_is_closed(
+    tmp_path, monkeypatch
+):
+    """The close queued behind an open still running gives up after its bound, without raising
+    in place of the stop; the open, as it finishes, closes the decoder it made."""
+    built = build_segment(tmp_path / "seg--0", frames=3)
+    release, opening = threading.Event(), threading.Event()
+    read_index = segments.read_segment_index
+
+    def slow_index(*args, **kwargs):
+        opening.set()
+        release.wait(30)  # a log that takes long to read, until the test lets it go
+        return read_index(*args, **kwargs)
+
+    monkeypatch.setattr(segments, "read_segment_index", slow_index)
+    camera = SegmentCamera(built.path, paced=False, decode_timeout=2.0)
+    with anyio.CancelScope() as stop:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(camera.open)
+            with anyio.fail_after(30):
+                await anyio.to_thread.run_sync(opening.wait)
+            stop.cancel()  # Ctrl-C while the open runs on the worker thread
+    assert stop.cancelled_caught
+    worker = camera._worker
+    assert worker is not None and worker._thread is not None
+    async with virtual_time():  # the close's bound passes in virtual time, at once
+        await camera.aclose()  # gives up waiting for the open: no CameraTimeout raised
+    release.set()
+    await anyio.to_thread.run_sync(worker._thread.join, 30)  # the open ends, then the thread
+    assert not worker._thread.is_alive()
+    assert camera._opened is not None and camera._video is None  # its decoder made, and closed
+
+
 async def test_a_frame_that_cannot_be_decoded_is_an_error_when_it_is_reached(tmp_path, ledger):
     def noise(position, width, height):
         return np.random.default_rng(position).integers(16, 235, (height, width), np.uint8)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from aio_runtime import get_logger
+from aio_runtime import CameraTimeout, get_logger
 
 from ..camera import Frame, FrameGeometryError, nv12_layout
 from ..camera_sources import RecordedTime, SourceBase
@@ -218,6 +218,8 @@ class SegmentCamera(SourceBase):
             raise SegmentError(f"{self._where}: the log times none of the video's frames")
         self._video = _Video(files.video, self._where, self.decode_threads)
         self._opened = index
+        if self._closed:  # closed while this ran (a close that gave up waiting for it)
+            self._close_blocking()
         return index
 
     def _report(self, index: SegmentIndex) -> None:
@@ -242,7 +244,10 @@ class SegmentCamera(SourceBase):
         if self._video is None:
             return 0, None
         position = self._video.position
-        return position, self._video.read()
+        read = self._video.read()
+        if self._closed:  # closed while this decoded (a close that gave up waiting for it)
+            self._close_blocking()
+        return position, read
 
     async def _next_frame(self) -> Frame:
         index = await self.open()
@@ -271,7 +276,10 @@ class SegmentCamera(SourceBase):
             return self._clock.retimed(frame)
 
     async def aclose(self) -> None:
-        """Close the video (after any decode still running on the worker thread)."""
+        """Close the video (after any open or decode still running on the worker thread). A
+        close that waits longer than the decode bound for that work gives up waiting (logged):
+        the work closes the video as it finishes. A close never raises in place of what ended
+        the camera (a stop, a decode that failed)."""
         self._closed = True
         try:
             if self._worker is not None:
@@ -280,6 +288,8 @@ class SegmentCamera(SourceBase):
                     awaited=f"closing {self._where}",
                     timeout=self.decode_timeout,
                 )
+        except CameraTimeout as exc:
+            _log.warning("route segment closed before its worker finished", error=str(exc))
         finally:
             self._end_worker()
 
