@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -131,3 +132,25 @@ def test_a_pose_beyond_the_limits_is_distracted_looking_down_but_not_up():
     assert policy.distracted_pose(side(faceOrientation=yaw)) != policy.distracted_pose(
         side(faceOrientation=yaw), right_hand=True
     )
+
+
+def test_a_comparison_that_compared_no_frame_is_beyond_any_limits():
+    theirs = {i: state(i, side()) for i in range(3)}
+    ours = {i: state(i, side()) for i in range(10, 13)}  # no frameId in common
+    result = compare(ours, theirs)
+    assert result.compared == 0
+    assert result.beyond(None, None) == [
+        "no frame compared (no frameId with driver data on both sides)"
+    ]
+
+
+def test_a_value_that_is_not_finite_is_an_infinite_difference_beyond_any_tolerance():
+    theirs = {0: state(0, side(faceProb=float("nan")))}
+    result = compare({0: state(0, side())}, theirs)
+    assert result.max_abs == float("inf")
+    assert result.beyond(1e9, None) == ["max absolute difference inf (left.faceProb) > 1e+09"]
+    record = result.to_record()
+    assert (
+        record["maxAbsDifference"] is None and record["fields"]["left.faceProb"]["maxAbs"] is None
+    )
+    json.dumps(record, allow_nan=False)  # the document can be written

@@ -90,3 +90,28 @@ def test_a_segment_without_openpilot_s_driver_states_is_refused_before_work(
     assert code == ExitCode.REFUSED and len(err) == 1
     assert "holds no driverStateV2 of openpilot's" in err[0]
     assert not document.exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        (lambda seg, tmp: [str(seg / "compare.json")], "is inside the segment replayed"),
+        (
+            lambda seg, tmp: [str(tmp / "c.json"), "--jsonl", str(tmp / "c.json")],
+            "is the --jsonl file",
+        ),
+        (
+            lambda seg, tmp: [str(tmp / "c.json"), "--summary-json", str(tmp / "c.json")],
+            "is the --summary-json file",
+        ),
+    ],
+)
+def test_the_comparison_never_overwrites_the_segment_nor_another_output(
+    tmp_path, segment, capsys, where, expected
+):
+    with (segment / "rlog").open("ab") as log:
+        log.write(b"".join(logged_states(tmp_path, segment)))
+    capsys.readouterr()
+    code = main(["replay", str(segment), *REPLAY, "--compare", *where(segment, tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == ExitCode.REFUSED and len(err) == 1 and expected in err[0], err

@@ -11,6 +11,7 @@ where the two disagree, on the side openpilot would monitor (the right-hand side
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,9 @@ def _side(columns: Mapping[str, float], short: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FieldDifference:
+    """One column's largest and mean absolute difference (infinite where a side was not
+    finite)."""
+
     column: str
     max_abs: float
     mean_abs: float
@@ -93,12 +97,10 @@ class Comparison:
     def max_abs(self) -> float:
         return max((f.max_abs for f in self.fields), default=0.0)
 
-    @property
-    def max_disagreement(self) -> float:
-        return max(self.disagreement.values(), default=0.0)
-
     def beyond(self, tolerance: float | None, max_disagreement: float | None) -> list[str]:
         """What goes beyond the given limits, one line each (empty: within them)."""
+        if not self.compared:
+            return ["no frame compared (no frameId with driver data on both sides)"]
         found = []
         if tolerance is not None and self.max_abs > tolerance:
             worst = max(self.fields, key=lambda f: f.max_abs)
@@ -120,8 +122,11 @@ class Comparison:
                 "onlyOurs": self.only_ours,
                 "onlyTheirs": self.only_theirs,
             },
-            "maxAbsDifference": self.max_abs,
-            "fields": {f.column: {"maxAbs": f.max_abs, "meanAbs": f.mean_abs} for f in self.fields},
+            "maxAbsDifference": _finite(self.max_abs),
+            "fields": {
+                f.column: {"maxAbs": _finite(f.max_abs), "meanAbs": _finite(f.mean_abs)}
+                for f in self.fields
+            },
             "disagreement": dict(self.disagreement),
         }
 
@@ -136,6 +141,11 @@ class Comparison:
         lines.append(f"{'decision':<28} {'disagree':>12}")
         lines += [f"{name:<28} {share:>12.2%}" for name, share in self.disagreement.items()]
         return "\n".join(lines)
+
+
+def _finite(value: float) -> float | None:
+    """A difference for JSON: None for an infinite one (a value that was not finite)."""
+    return value if math.isfinite(value) else None
 
 
 def compare(
@@ -154,6 +164,8 @@ def compare(
     for a, b in pairs:
         for column in columns:
             difference = abs(a[column] - b[column])
+            if not math.isfinite(difference):  # a NaN or an infinity on one side
+                difference = math.inf
             sums[column] += difference
             maxima[column] = max(maxima[column], difference)
         side = "right" if b["wheelOnRightProb"] > _WHEEL_POSITION else "left"

@@ -34,7 +34,6 @@ from ..messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
 
 __all__ = [
     "DRIVER_STATE",
-    "EVENT_MEMBERS",
     "SCHEMA_PATH",
     "STATUS",
     "EventError",
@@ -49,13 +48,6 @@ DRIVER_STATE = "driverStateV2"
 """The Event member (and openpilot service) of the model's outputs."""
 STATUS = "dmsStatus"
 """The Event member (and service) of our status: cereal's ``customReserved0`` (@107)."""
-EVENT_MEMBERS = {
-    "cabinCameraState": 70,
-    "cabinEncodeIdx": 76,
-    DRIVER_STATE: 92,
-    STATUS: 107,
-}
-"""The Event members this schema names, with their ordinals (the others are placeholders)."""
 
 _TRAVERSAL_WORDS = 1 << 26
 """How much one Event may make a reader traverse (512 MiB): real Events are far smaller."""

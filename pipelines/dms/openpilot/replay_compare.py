@@ -86,12 +86,14 @@ def _limit(flag: str, text: str | None, *, share: bool) -> float | None:
     return value
 
 
-def compare_request(args: argparse.Namespace, config: ServiceConfig) -> CompareRequest | None:
+def compare_request(
+    args: argparse.Namespace, config: ServiceConfig, taken: Mapping[str, Path | None]
+) -> CompareRequest | None:
     """What ``--compare`` asks (None: no comparison), with openpilot's driver states read from
     the segment's log (blocking: before the service starts); :class:`ValueError`, one line, for
     options that do not check (a limit without ``--compare``, an input that is not a segment
     directory or whose log holds no driverStateV2 of openpilot's, a path that cannot be
-    written)."""
+    written, one inside the segment, or a file the run uses already: ``taken``, by option)."""
     output = getattr(args, "compare", None)
     tolerance = _limit("--tolerance", getattr(args, "tolerance", None), share=False)
     share = _limit("--max-disagreement", getattr(args, "max_disagreement", None), share=True)
@@ -108,6 +110,11 @@ def compare_request(args: argparse.Namespace, config: ServiceConfig) -> CompareR
     path = Path(output)
     writable_file("--compare", path)
     segment = config.camera.path
+    if path.resolve().is_relative_to(segment.resolve()):
+        raise ValueError(f"--compare {output!r} is inside the segment replayed (INPUT)")
+    for flag, other in taken.items():
+        if other is not None and path.resolve() == other.resolve():
+            raise ValueError(f"--compare {output!r} is the {flag} file")
     try:
         events = segment_driver_states(segment)
     except (SegmentError, LogError) as exc:
