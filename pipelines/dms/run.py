@@ -191,20 +191,20 @@ async def _serve(
 
 def _summary_path(text: str | None, config: ServiceConfig) -> Path | None:
     """Where ``--summary-json`` writes (None: nowhere); :class:`ValueError` for a path that
-    cannot be written, or one the run reads or writes itself (:func:`run_files`)."""
+    cannot be written, or one the run reads or writes itself (:func:`_run_files`)."""
     if text is None:
         return None
     if not text:
         raise ValueError("--summary-json: expected a file path, got ''")
     path = Path(text)
     writable_file("--summary-json", path)
-    for flag, other in run_files(config).items():
+    for flag, other in _run_files(config).items():
         if other is not None and path.resolve() == other.resolve():
             raise ValueError(f"--summary-json {text!r} is the {flag} file")
     return path
 
 
-def run_files(config: ServiceConfig) -> dict[str, Path | None]:
+def _run_files(config: ServiceConfig) -> dict[str, Path | None]:
     """The files the run reads or writes, by the option that names them."""
     return {
         "--camera": config.camera.path if isinstance(config.camera, CameraFile) else None,
@@ -252,7 +252,7 @@ def run(
     try:
         config = config_from(args, **fixed)  # the machine's side is checked as the service starts
         summary_json = _summary_path(getattr(args, "summary_json", None), config)
-        taken = {**run_files(config), "--summary-json": summary_json}
+        taken = {**_run_files(config), "--summary-json": summary_json}
         comparing = compare_request(args, config, taken) if args.command == "replay" else None
     except ValueError as exc:
         print(f"{command}: {exc}", file=sys.stderr)
