@@ -12,6 +12,7 @@ import time
 import weakref
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from aio_runtime import (
@@ -94,16 +95,24 @@ async def test_a_frame_budget_bounds_the_call_too():
 
 
 async def test_cancelling_the_task_stops_and_drains_the_call():
-    stop = threading.Event()
-    returned = threading.Event()
+    started, stop, returned = threading.Event(), threading.Event(), threading.Event()
 
     def call() -> None:
+        started.set()
         stop.wait(10.0)
         returned.set()
 
-    with anyio.move_on_after(0.05):
-        await run_in_thread(call, awaited="x", error=ModelTimeout, timeout=5.0, cancel=stop.set)
-    assert returned.is_set()
+    scope = anyio.CancelScope()
+
+    async def caller() -> None:
+        with scope:
+            await run_in_thread(call, awaited="x", error=ModelTimeout, timeout=5.0, cancel=stop.set)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(caller)
+        await anyio.to_thread.run_sync(started.wait, 10.0)  # cancelled once the call runs
+        scope.cancel()
+    assert scope.cancelled_caught and returned.is_set()
 
 
 async def test_without_a_stop_request_the_call_is_still_awaited_before_its_buffer_is_free():
