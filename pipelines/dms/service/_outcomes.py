@@ -166,8 +166,13 @@ class FrameOutcomes:
         return failure
 
     async def close_sinks(self) -> None:
-        """Close every sink, each draining within its bound; their counts go to the summary."""
+        """Close every sink, each draining within its bound; their counts go to the summary. A
+        sink that failed as it closed (its last write, a file it could not complete) fails the
+        run as one that fails before."""
         self.summary.sinks = await self.sinks.aclose()
+        failed = next((sink.failed for sink in self.summary.sinks if sink.failed), None)
+        if failed is not None and self.summary.sink_error is None:
+            self.summary.sink_error = failed
 
     # -- frames in -----------------------------------------------------------------------------
 
