@@ -14,7 +14,7 @@ system-packages:
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dms,test,umockdev,dev]'
+	$(PY) -m pip install --quiet -e '.[dms,test,umockdev,dev,fleet]'
 	@touch $@
 
 run: setup

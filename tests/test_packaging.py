@@ -32,8 +32,11 @@ OPTIONAL_IMPORTS = {
     "trio": "test",  # the core on trio, imported only when running on it
     "pytest": "test",  # the pytest plugin, which only pytest loads
     "gi": "umockdev",  # the simulator as an emulated USB device (tests/umockdev)
+    "pyarrow": "fleet",  # Parquet (replay --parquet, fleet replays), imported only for them
+    "ray": "fleet",  # fleet replays, imported only for them
 }
-"""Imports that no installed command needs, and the extra that declares each."""
+"""Imports that no installed command needs, or only some option or command of one does, and the
+extra that declares each."""
 
 DMS_EXTRA_MODULES = ("onnxruntime", "onnx", "cv2", "zmq", "prometheus_client", "starlette")
 

@@ -185,6 +185,17 @@ class ServiceConfig:
         metavar="PATH",
         shown="off",
     )
+    parquet: Path | None = setting(
+        None,
+        "write one row per frame to PATH, a new Parquet file, when the replay has ended by "
+        "itself (the rows are in .NAME.partial beside it until then, and stay there if it does "
+        "not); needs pyarrow (the fleet extra)",
+        parse=values.new_file_path,
+        check=values.optional(values.file_path_value),
+        metavar="PATH",
+        shown="off",
+        commands=("replay",),
+    )
     cereal_zmq: str | None = setting(
         None,
         "publish openpilot's Events on cereal's ZeroMQ ports on HOST (127.0.0.1 if not given; "
@@ -324,8 +335,9 @@ class ServiceConfig:
             )
         if self.jsonl_append and self.jsonl in (None, "-"):
             raise ValueError("jsonl_append (--append) is for a JSON lines file (--jsonl PATH)")
-        if self.no_budget and self.mode is not Mode.REPLAY:
-            raise ValueError("no_budget is for replays (mode 'replay', aio-dms replay)")
+        for name in ("no_budget", "parquet"):
+            if getattr(self, name) not in (None, False) and self.mode is not Mode.REPLAY:
+                raise ValueError(f"{name} is for replays (mode 'replay', aio-dms replay)")
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
             raise ValueError("accelerator faults need --device sim")
 
@@ -333,9 +345,9 @@ class ServiceConfig:
         """What depends on the machine: the camera and model files exist and can be read (a
         camera directory holds a route segment's video and log); the JSON lines file can be
         written (its directory exists; a file already there only when appending to it), and so
-        can the log (a new file); the model's CPUs are CPUs this process may use, with one left
-        for the event loop. :class:`ValueError` saying what was expected. (A port in use is found
-        as the service binds it.)"""
+        can the log and the Parquet file (new files); the model's CPUs are CPUs this process may
+        use, with one left for the event loop. :class:`ValueError` saying what was expected. (A
+        port in use is found as the service binds it.)"""
         if isinstance(self.camera, CameraFile):
             self.camera.check_environment()
         if self.model is not None:
@@ -347,9 +359,9 @@ class ServiceConfig:
                     f"jsonl {self.jsonl!r} exists: refused unless jsonl_append (--append) is set"
                 )
         if self.rlog is not None:
-            values.writable_file("rlog", self.rlog)
-            if self.rlog.exists():
-                raise ValueError(f"rlog {str(self.rlog)!r} exists: a log is written to a new file")
+            values.new_file("rlog", self.rlog)
+        if self.parquet is not None:
+            values.new_file("parquet", self.parquet)
         self.placed_cpus()
 
     def placed_cpus(self) -> frozenset[int] | None:

@@ -35,6 +35,7 @@ __all__ = [
     "check_zmq_address",
     "choice",
     "member",
+    "file_path_value",
     "flag_value",
     "host_value",
     "integer",
@@ -45,6 +46,8 @@ __all__ = [
     "log_path_value",
     "model_cpus",
     "model_cpus_value",
+    "new_file",
+    "new_file_path",
     "number",
     "optional",
     "path_value",
@@ -260,19 +263,29 @@ def text_value(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a path (or -)"
 
 
-def log_path(text: str) -> Path:
-    """The text form of an openpilot log's path: a file path (standard output is not one),
-    named as openpilot's reader takes a log."""
+def new_file_path(text: str, what: str = "file") -> Path:
+    """The text form of a new file's path (standard output is not one)."""
     if not text or text == "-":
-        raise ValueError(f"expected the path of a new log file, got {text!r}")
-    compression_of(text)
+        raise ValueError(f"expected the path of a new {what}, got {text!r}")
     return Path(text)
+
+
+def log_path(text: str) -> Path:
+    """The text form of an openpilot log's path: a new file's, named as openpilot's reader takes
+    a log."""
+    compression_of(new_file_path(text, "log file"))
+    return Path(text)
+
+
+def file_path_value(value: Any, what: str = "file") -> str | None:
+    ok = isinstance(value, Path) and bool(value.name) and str(value) != "-"
+    return None if ok else f"must be the path of a {what}"
 
 
 def log_path_value(value: Any) -> str | None:
     """A path named as openpilot's reader takes a log (``.zst``, ``.bz2`` or no extension)."""
-    if not isinstance(value, Path) or not value.name:
-        return "must be the path of a log file"
+    if file_path_value(value) is not None:
+        return file_path_value(value, "log file")
     try:
         compression_of(value)
     except ValueError:
@@ -309,6 +322,13 @@ def readable_file(what: str, path: Path, expected: str) -> None:
         raise ValueError(f"{what} {str(path)!r}: {found} ({expected})")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{what} {str(path)!r}: cannot be read (permission denied)")
+
+
+def new_file(what: str, path: Path) -> None:
+    """``path`` can be created (:func:`writable_file`) and nothing is there yet."""
+    writable_file(what, path)
+    if os.path.lexists(path):
+        raise ValueError(f"{what} {str(path)!r} exists: it is written to a new file")
 
 
 def writable_file(what: str, path: Path) -> None:

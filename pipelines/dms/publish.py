@@ -1,5 +1,5 @@
 """Where messages go: an in-process subscription for embedding applications, ZeroMQ, JSON lines,
-and openpilot's own formats: its logs and cereal's ZeroMQ sockets.
+openpilot's own formats (its logs and cereal's ZeroMQ sockets), and a replay's rows as Parquet.
 
 Every sink gets the same :class:`~pipelines.dms.messages.DriverStateV2`; ZeroMQ and JSON lines carry
 the same JSON record, the openpilot log and the cereal sockets the same capnp Events (encoded once,
@@ -22,13 +22,17 @@ ZmqSink           1000 per subscriber, then sends     the same: network subscrib
 CerealSocket      as ZmqSink, one socket (and one     the same
                   sink) per service: driverStateV2
                   on port 45495, dmsStatus on 53156
+ParquetSink       (replays only)                      lossless; the producer waits for room; a
+                                                      row is delivered once its row group is
+                                                      written, the file complete only once the
+                                                      replay has ended by itself
 ================  ==================================  ==========================================
 
 No sink's ``publish`` blocks. Every sink counts in one shape (:class:`SinkStats`, with
 ``published == delivered + dropped + pending``, ``pending`` 0 once closed) and reports a failure
 (:class:`SinkFailed`; standard output closed by its reader: :class:`ReaderClosed`). The modules:
 :mod:`.sinks_policy`, :mod:`.sinks_memory`, :mod:`.sinks_file` (with :mod:`.sinks_jsonl`,
-:mod:`.sinks_rlog`), :mod:`.sinks_zmq` (with :mod:`.sinks_cereal`).
+:mod:`.sinks_rlog`, :mod:`.sinks_parquet`), :mod:`.sinks_zmq` (with :mod:`.sinks_cereal`).
 
 :class:`Sinks` drives several together — what a service calls.
 """
@@ -43,6 +47,7 @@ from .messages import DriverStateV2
 from .sinks_cereal import CerealSocket, cereal_port, open_cereal_sockets
 from .sinks_jsonl import JsonLinesSink
 from .sinks_memory import Subscription, Subscriptions
+from .sinks_parquet import ParquetSink
 from .sinks_policy import (
     DRAIN_TIMEOUT,
     LIVE_BACKLOG,
@@ -65,6 +70,7 @@ __all__ = [
     "AddressInUse",
     "CerealSocket",
     "JsonLinesSink",
+    "ParquetSink",
     "ReaderClosed",
     "RlogSink",
     "Sink",

@@ -211,6 +211,7 @@ def _run_files(config: ServiceConfig) -> dict[str, Path | None]:
         "--model": config.model,
         "--jsonl": Path(config.jsonl) if config.jsonl not in (None, "-") else None,
         "--rlog": config.rlog,
+        "--parquet": config.parquet,
     }
 
 

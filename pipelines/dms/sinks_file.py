@@ -1,14 +1,15 @@
 """What the file sinks share: records written to a descriptor by a thread of the sink's own.
 
 :class:`FileSink` holds the records a subclass makes of each message (:meth:`FileSink._record`,
-on the publisher's thread) and writes them on its thread, so a slow disk or a stalled reader never
-blocks the event loop. The writer takes one record at a time, or everything held at once
-(``batch``), hands what it took to the sink's :class:`StreamEncoder` (a compressor, or the bytes
-as they are) and writes what that gives (``os.write`` of at most ``chunk`` bytes at a time, after
-``poll`` says there is room). A record is *delivered* once the bytes that carry it are written: at
-once for an encoder that gives out all it took (:attr:`StreamEncoder.holds` false), only when its
-stream's end is written at close for one that holds input until then (bz2). Policy (see
-:mod:`.sinks_policy`):
+on the publisher's thread: bytes, or the message itself for an encoder that takes messages) and
+writes them on its thread, so a slow disk or a stalled reader never blocks the event loop. The
+writer takes one record at a time, or everything held at once (``batch``), hands what it took to
+the sink's :class:`StreamEncoder` (a compressor, a table format, or the bytes as they are) and
+writes what that gives (``os.write`` of at most ``chunk`` bytes at a time, after ``poll`` says
+there is room). A record is *delivered* once the bytes that carry it are written: at once for an
+encoder that gives out all it took, later for one that holds records (:attr:`StreamEncoder.held`:
+bz2 until its stream's end, Parquet until a row group is full). An encoder that fails on what it
+was given fails the sink as a write does. Policy (see :mod:`.sinks_policy`):
 
 - live: at most ``backlog`` records wait to be taken; past that the oldest is dropped (latest
   wins), counted and logged (when dropping starts and when it stops);
@@ -35,8 +36,9 @@ import os
 import select
 import threading
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import anyio.to_thread
 
@@ -64,18 +66,22 @@ _ABORT_WAIT = 1.0
 """Seconds close waits for the writer to stop once told to (it wakes from ``poll`` at once)."""
 _READER_GONE = (errno.EPIPE, errno.ECONNRESET)
 
+R = TypeVar("R")
+"""What a file sink makes of a message: its record."""
+R_contra = TypeVar("R_contra", contravariant=True)
 
-class StreamEncoder(Protocol):
+
+class StreamEncoder(Protocol[R_contra]):
     """How the records a writer took become the bytes it writes; used on the writer's thread
     only."""
 
     @property
-    def holds(self) -> bool:
-        """True when what :meth:`encode` took is written only with :meth:`end` (its records are
-        delivered then); false when :meth:`encode` gives out all it took."""
+    def held(self) -> int:
+        """How many of the records :meth:`encode` took the bytes it gave out do not carry yet
+        (0 for an encoder that gives out all it took; :meth:`end` gives out the rest)."""
 
-    def encode(self, records: list[bytes]) -> bytes:
-        """The bytes that carry ``records`` (perhaps none yet, for an encoder that holds)."""
+    def encode(self, records: Sequence[R_contra]) -> bytes:
+        """The bytes that carry ``records`` (perhaps not all yet, for an encoder that holds)."""
 
     def end(self) -> bytes:
         """The stream's last bytes, written once everything held is written, as the sink
@@ -85,9 +91,9 @@ class StreamEncoder(Protocol):
 class PlainStream:
     """Records written as they are."""
 
-    holds = False
+    held = 0
 
-    def encode(self, records: list[bytes]) -> bytes:
+    def encode(self, records: Sequence[bytes]) -> bytes:
         return b"".join(records)
 
     def end(self) -> bytes:
@@ -98,19 +104,19 @@ class _Aborted(Exception):
     """The writer was told to stop mid-write (closing past its bound)."""
 
 
-class FileSink(abc.ABC):
-    """Records written to ``fd`` (the sink owns it, and closes it) by a thread of the sink's own;
-    see the module's description. A subclass says what record a message is
-    (:meth:`_record`)."""
+class FileSink(abc.ABC, Generic[R]):
+    """Records written to ``fd`` (the sink owns it, and closes it) by a thread of the sink's own,
+    each made into bytes by ``encoder``; see the module's description. A subclass says what
+    record a message is (:meth:`_record`)."""
 
     def __init__(
         self,
         fd: int,
         *,
         name: str,
+        encoder: StreamEncoder[R],
         delivery: Mode = Mode.LIVE,
         backlog: int = LIVE_BACKLOG,
-        encoder: StreamEncoder | None = None,
         batch: bool = False,
         chunk: int = select.PIPE_BUF,
         stdout: bool = False,
@@ -119,7 +125,7 @@ class FileSink(abc.ABC):
         self._delivery = delivery
         self._name = name
         self._fd = fd
-        self._encoder: StreamEncoder = encoder or PlainStream()
+        self._encoder = encoder
         self._batch = batch
         self._chunk = chunk
         self._stdout = stdout
@@ -127,11 +133,11 @@ class FileSink(abc.ABC):
         os.set_blocking(self._wake_w, False)
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._records: deque[bytes] = deque()
+        self._records: deque[R] = deque()
         self._writing = 0
         """Records taken by the writer and not yet written."""
         self._encoded = 0
-        """Records written into an encoder that holds them until its stream's end."""
+        """Records written into an encoder that holds them (:attr:`StreamEncoder.held`)."""
         self._published = self._delivered = self._dropped = 0
         self._failure: SinkError | None = None
         self._closing = False
@@ -141,6 +147,8 @@ class FileSink(abc.ABC):
         self._finished = False
         """The counts are final."""
         self._writer_done = False
+        self._ended = False
+        """The stream's end was written (after everything taken)."""
         self._released = False
         self._room = Waiters()
         self._changes = Waiters()
@@ -149,8 +157,8 @@ class FileSink(abc.ABC):
         self._thread.start()
 
     @abc.abstractmethod
-    def _record(self, message: DriverStateV2) -> bytes:
-        """The bytes that carry ``message`` (on the publisher's thread)."""
+    def _record(self, message: DriverStateV2) -> R:
+        """What the encoder takes of ``message`` (on the publisher's thread)."""
 
     @property
     def name(self) -> str:
@@ -268,7 +276,7 @@ class FileSink(abc.ABC):
                 self._room.wake()
                 if not self._written(poll, taken):
                     return
-            self._written(poll, [], end=True)
+            self._ended = self._written(poll, [], end=True)
         finally:
             with self._lock:
                 self._writer_done = True
@@ -276,7 +284,7 @@ class FileSink(abc.ABC):
             if release:
                 self._release()
 
-    def _take(self) -> list[bytes]:
+    def _take(self) -> list[R]:
         """The records the writer takes next (under the lock)."""
         if not self._batch:
             return [self._records.popleft()]
@@ -284,11 +292,16 @@ class FileSink(abc.ABC):
         self._records.clear()
         return taken
 
-    def _written(self, poll: select.poll, taken: list[bytes], *, end: bool = False) -> bool:
+    def _written(self, poll: select.poll, taken: list[R], *, end: bool = False) -> bool:
         """Encode ``taken`` and write it (``end``: write the stream's end); count what that
         delivered. False: the writer stops (it failed, or close gave up on it)."""
         try:
-            self._write(poll, self._encoder.end() if end else self._encoder.encode(taken))
+            data = self._encoder.end() if end else self._encoder.encode(taken)
+        except Exception as exc:  # the encoder refused what it was given: as a failed write
+            self._fail_with(SinkFailed(self._name, f"could not encode: {exc}"))
+            return False
+        try:
+            self._write(poll, data)
         except _Aborted:
             return False  # close counts what was held
         except OSError as exc:
@@ -298,11 +311,9 @@ class FileSink(abc.ABC):
             if self._finished:
                 return False  # close gave up on this write and counted it
             self._writing = 0
-            if self._encoder.holds and taken:
-                self._encoded += len(taken)
-            else:  # written out, with everything the encoder held before
-                self._delivered += len(taken) + self._encoded
-                self._encoded = 0
+            held = self._encoder.held  # taken, and not carried yet by the bytes written
+            self._delivered += self._encoded + len(taken) - held
+            self._encoded = held
         return True
 
     def _write(self, poll: select.poll, data: bytes) -> None:
@@ -327,6 +338,9 @@ class FileSink(abc.ABC):
         else:
             code = errno.errorcode.get(exc.errno or 0, "?")
             failure = SinkFailed(self._name, f"write failed: {exc.strerror} ({code})")
+        self._fail_with(failure)
+
+    def _fail_with(self, failure: SinkError) -> None:
         with self._lock:
             self._failure = failure
             self._dropped += self._held()

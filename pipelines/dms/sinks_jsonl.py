@@ -33,13 +33,13 @@ from pathlib import Path
 
 from .config import Mode
 from .messages import DriverStateV2
-from .sinks_file import FileSink, open_for_writing
+from .sinks_file import FileSink, PlainStream, open_for_writing
 from .sinks_policy import LIVE_BACKLOG, check_backlog
 
 __all__ = ["JsonLinesSink"]
 
 
-class JsonLinesSink(FileSink):
+class JsonLinesSink(FileSink[bytes]):
     """One JSON record per line to ``path`` (``"-"``: standard output); see the module's
     description for the policy, failures and closing."""
 
@@ -56,7 +56,9 @@ class JsonLinesSink(FileSink):
         stdout = str(path) == "-"
         name = name or f"jsonl {path}"
         fd = _open_stdout(name) if stdout else open_for_writing(Path(path), name, append=append)
-        super().__init__(fd, name=name, delivery=delivery, backlog=backlog, stdout=stdout)
+        super().__init__(
+            fd, name=name, encoder=PlainStream(), delivery=delivery, backlog=backlog, stdout=stdout
+        )
 
     def _record(self, message: DriverStateV2) -> bytes:
         return (message.to_json() + "\n").encode()

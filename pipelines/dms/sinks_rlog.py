@@ -32,6 +32,7 @@ directory, a directory, no permission): a :class:`ValueError` in one line, at co
 from __future__ import annotations
 
 import bz2
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ _CHUNK = 1 << 20
 """Bytes per write: a log goes to a regular file, written in large pieces."""
 
 
-class RlogSink(FileSink):
+class RlogSink(FileSink[bytes]):
     """Every published message's Events to the new file ``path``, compressed by its name; see
     the module's description for the format, what counts as delivered, and the policy."""
 
@@ -87,7 +88,7 @@ class RlogSink(FileSink):
         return b"".join(event for _, event in message.to_events())
 
 
-def _encoder(compression: str | None) -> StreamEncoder:
+def _encoder(compression: str | None) -> StreamEncoder[bytes]:
     if compression == "zstd":
         return _ZstdStream()
     if compression == "bz2":
@@ -98,7 +99,7 @@ def _encoder(compression: str | None) -> StreamEncoder:
 class _ZstdStream:
     """One zstd frame: what each write takes is flushed as a block of it."""
 
-    holds = False
+    held = 0
 
     def __init__(self) -> None:
         import zstandard
@@ -106,7 +107,7 @@ class _ZstdStream:
         self._flush_block = zstandard.COMPRESSOBJ_FLUSH_BLOCK
         self._compressor: Any = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj()
 
-    def encode(self, records: list[bytes]) -> bytes:
+    def encode(self, records: Sequence[bytes]) -> bytes:
         data: bytes = self._compressor.compress(b"".join(records))
         flushed: bytes = self._compressor.flush(self._flush_block)
         return data + flushed
@@ -119,13 +120,15 @@ class _ZstdStream:
 class _Bz2Stream:
     """One bz2 stream: what it takes is out only once it ends."""
 
-    holds = True
-
     def __init__(self) -> None:
         self._compressor = bz2.BZ2Compressor(BZ2_LEVEL)
+        self.held = 0
+        """Every message taken, until the stream ends."""
 
-    def encode(self, records: list[bytes]) -> bytes:
+    def encode(self, records: Sequence[bytes]) -> bytes:
+        self.held += len(records)
         return self._compressor.compress(b"".join(records))
 
     def end(self) -> bytes:
+        self.held = 0
         return self._compressor.flush()

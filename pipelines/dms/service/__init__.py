@@ -32,7 +32,7 @@ from aio_runtime import ExcInfo, Transition
 from ..camera import Frame
 from ..camera_sources import CLOSE_BOUND, CalibrationSample, FrameSource, open_segment
 from ..camera_synthetic import SyntheticCalibration
-from ..config import Mode, ServiceConfig
+from ..config import CameraFile, CameraSpec, Mode, ServiceConfig
 from ..endpoints import HealthState, create_app
 from ..messages import DriverStateV2, readiness_record
 from ..publish import CerealSocket, ZmqSink
@@ -155,6 +155,8 @@ class DmsService:
                 self.outcomes.open_sinks(jsonl=cfg.jsonl, append=cfg.jsonl_append)
             with refused("rlog"):
                 self.outcomes.open_sinks(rlog=cfg.rlog)
+            with refused("parquet"):
+                self.outcomes.open_sinks(parquet=cfg.parquet, recording=_name(cfg.camera))
             with refused("cereal_zmq"):
                 self.outcomes.open_sinks(cereal_zmq=cfg.cereal_zmq, allow_remote=cfg.allow_remote)
             self._tg = await started_group(self._run)
@@ -265,6 +267,7 @@ class DmsService:
                         outcomes,
                         cfg.mode,
                     )
+                    outcomes.ended()
                     services.cancel_scope.cancel()
         finally:
             outcomes.drop_in_flight()  # frames in flight when the service stops: counted
@@ -299,3 +302,8 @@ class DmsService:
         await load_model(services, self.device, model_cpus, named=cfg.model is not None)
         services.start_soon(self.outcomes.follow_availability)
         return await ready_for_frames(self.device, cfg)
+
+
+def _name(camera: CameraSpec) -> str:
+    """The name of what the service reads: its file's (or route segment directory's) name."""
+    return (camera.path.name or str(camera)) if isinstance(camera, CameraFile) else str(camera)

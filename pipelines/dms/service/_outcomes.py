@@ -36,6 +36,7 @@ from ..messages import DriverStateV2, new_run_id, readiness_record
 from ..metrics import DeviceFacts, Metrics
 from ..publish import (
     JsonLinesSink,
+    ParquetSink,
     ReaderClosed,
     RlogSink,
     SinkError,
@@ -119,6 +120,7 @@ class FrameOutcomes:
         self._raw_predictions = raw_predictions
         self._in_flight: dict[int, FrameJob] = {}
         """Frames received and not yet published or dropped, by number."""
+        self._parquet: ParquetSink | None = None
         self._seq = 0
         self._newest_sof: int | None = None
         """The newest frame's start of frame (ns)."""
@@ -132,11 +134,14 @@ class FrameOutcomes:
         cereal_zmq: str | None = None,
         allow_remote: bool = False,
         append: bool = False,
+        parquet: Path | None = None,
+        recording: str = "",
     ) -> None:
-        """Publish on ZeroMQ, as JSON lines, as openpilot's log and on cereal's ZeroMQ sockets
-        on the host ``cereal_zmq`` too (each if given; ``append``: to a JSON lines file that
-        exists); :class:`OSError` or :class:`ValueError` for one that cannot be opened (its
-        address in use, its file not writable, or there already unless appending)."""
+        """Publish on ZeroMQ, as JSON lines, as openpilot's log, on cereal's ZeroMQ sockets on
+        the host ``cereal_zmq``, and as Parquet rows of the recording named ``recording`` too
+        (each if given; ``append``: to a JSON lines file that exists); :class:`OSError` or
+        :class:`ValueError` for one that cannot be opened (its address in use, its file not
+        writable, or there already unless appending)."""
         if zmq:
             self.sinks.add(ZmqSink(zmq, delivery=self.mode, allow_remote=allow_remote))
         if jsonl:
@@ -147,6 +152,16 @@ class FrameOutcomes:
             sockets = open_cereal_sockets(cereal_zmq, delivery=self.mode, allow_remote=allow_remote)
             for socket in sockets:
                 self.sinks.add(socket)
+        if parquet:
+            self._parquet = ParquetSink(parquet, recording=recording)
+            self.sinks.add(self._parquet)
+
+    def ended(self) -> None:
+        """The frames ended by themselves (the camera's end, or the frames or the duration asked
+        for): unless the camera failed, the replay is complete, and its Parquet file is
+        completed as its sink closes."""
+        if self._parquet is not None and self.summary.camera_error is None:
+            self._parquet.complete()
 
     async def room(self) -> None:
         """Replaying: wait until every sink has room for the next frame's messages."""
@@ -166,8 +181,13 @@ class FrameOutcomes:
         return failure
 
     async def close_sinks(self) -> None:
-        """Close every sink, each draining within its bound; their counts go to the summary."""
+        """Close every sink, each draining within its bound; their counts go to the summary. A
+        sink that failed as it closed (its last write, a file it could not complete) fails the
+        run as one that fails before."""
         self.summary.sinks = await self.sinks.aclose()
+        failed = next((sink.failed for sink in self.summary.sinks if sink.failed), None)
+        if failed is not None and self.summary.sink_error is None:
+            self.summary.sink_error = failed
 
     # -- frames in -----------------------------------------------------------------------------
 
