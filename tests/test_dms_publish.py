@@ -12,6 +12,7 @@ import anyio
 import numpy as np
 import pytest
 from dms_messages import RUN_ID, message
+from sink_checks import assert_exact
 
 from aio_runtime.testing import virtual_time
 from pipelines.dms.config import Mode, ServiceConfig
@@ -77,12 +78,6 @@ def test_malformed_messages_are_refused_with_what_was_expected(change, complaint
     fields = {**message().__dict__, **change}
     with pytest.raises(ValueError, match=complaint):
         DriverStateV2(**fields)
-
-
-def assert_exact(stats):
-    """The sinks' invariant, once closed or drained: what was not delivered was dropped."""
-    assert stats.pending == 0
-    assert stats.dropped == stats.published - stats.delivered
 
 
 async def read_all(subscription, into):

@@ -9,6 +9,7 @@ import sys
 import anyio
 import pytest
 from dms_messages import RUN_ID, message
+from sink_checks import assert_exact
 
 from aio_runtime.testing import virtual_time
 from pipelines.dms.config import Mode
@@ -20,11 +21,6 @@ from pipelines.dms.publish import (
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-def assert_exact(stats):
-    assert stats.pending == 0
-    assert stats.dropped == stats.published - stats.delivered
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from dms_messages import message
+from sink_checks import assert_exact, fill_disk
 
 from pipelines.dms.config import Mode
 from pipelines.dms.openpilot.compare import flatten
@@ -33,11 +34,6 @@ from pipelines.dms.sinks_parquet import (
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def assert_exact(stats):
-    assert stats.pending == 0
-    assert stats.dropped == stats.published - stats.delivered
 
 
 def frames(count: int, start: int = 0):
@@ -229,25 +225,13 @@ def test_closing_past_its_bound_leaves_no_file_and_nothing_unreadable(tmp_path, 
     assert not path.exists() and not sink.partial.exists()
 
 
-def _descriptor_of(path: Path) -> int:
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == str(path):
-                return int(name)
-        except OSError:
-            continue
-    raise AssertionError(f"no descriptor on {path}")
-
-
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 async def test_a_full_disk_fails_the_sink_typed_and_leaves_no_file(tmp_path, captured_logs):
     path = tmp_path / "out.parquet"
     sink = ParquetSink(path, recording="drive", row_group=2)
-    full = os.open("/dev/full", os.O_WRONLY)
-    try:  # the disk fills: the partial file's descriptor now writes where there is no space
-        os.dup2(full, _descriptor_of(sink.partial))
-    finally:
-        os.close(full)
+    fill_disk(
+        sink.partial
+    )  # the disk fills: the partial file's descriptor now writes where there is no space
     for item in frames(3):
         sink.publish(item)
     with anyio.fail_after(10):

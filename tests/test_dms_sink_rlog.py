@@ -16,6 +16,7 @@ import anyio
 import pytest
 import zstandard
 from dms_messages import message
+from sink_checks import assert_exact, fill_disk
 
 from pipelines.dms.config import Mode
 from pipelines.dms.openpilot.events import DRIVER_STATE, STATUS, read_events
@@ -27,11 +28,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("rlog.zst", "rlog.bz2", "rlog")
-
-
-def assert_exact(stats):
-    assert stats.pending == 0
-    assert stats.dropped == stats.published - stats.delivered
 
 
 def messages(count: int, start: int = 0):
@@ -199,26 +195,11 @@ def test_closing_past_its_bound_counts_what_is_left_as_dropped(tmp_path, held_wr
     assert sink.stats().dropped == 21
 
 
-def _descriptor_of(path: Path) -> int:
-    """This process's descriptor open on ``path``."""
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == str(path):
-                return int(name)
-        except OSError:
-            continue
-    raise AssertionError(f"no descriptor on {path}")
-
-
 @pytest.mark.parametrize("delivery", list(Mode))
 async def test_a_full_disk_fails_the_sink_at_once_typed(tmp_path, delivery, captured_logs):
     path = tmp_path / "rlog.zst"
     sink = RlogSink(path, delivery=delivery, backlog=2)
-    full = os.open("/dev/full", os.O_WRONLY)
-    try:  # the disk fills: the log's descriptor now writes where there is no space
-        os.dup2(full, _descriptor_of(path))
-    finally:
-        os.close(full)
+    fill_disk(path)  # the disk fills: the log's descriptor now writes where there is no space
     sink.publish(message(0))
     with anyio.fail_after(10):
         failure = await sink.wait_failure()
