@@ -18,13 +18,12 @@ from typing import NoReturn
 
 from .dms.run_summary import RunFacts, format_record, record_before_start, write_summary_json
 from .exit_codes import ExitCode, stopped_exit_code
+from .extras import DMS_EXTRA, FLEET_EXTRA
 from .stopping import Interrupted, Stopping
 
 __all__ = ["DMS_EXTRA", "main"]
 
-DMS_EXTRA = "pip install 'aio-dms[dms]'"
-"""What installs the DMS service's dependencies."""
-_DMS_COMMANDS = ("run", "replay", "record", "model-info")
+_DMS_COMMANDS = ("run", "replay", "record", "model-info", "fleet")
 _DMS_MODULES = (
     "pipelines.dms.run",
     "pipelines.dms.model",
@@ -136,13 +135,21 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
         help="an ONNX model with openpilot's driver-monitoring contract (default: the untrained "
         "reference model, built on first use)",
     )
+    fleet = commands.add_parser(
+        "fleet",
+        help="replay many recordings on a Ray cluster (a local one by default) into one "
+        "Parquet dataset, with summaries; 'fleet compare RUN_A RUN_B' compares two runs"
+        + (needs if needs else f" (needs the fleet extra: {FLEET_EXTRA})"),
+    )
     if with_dms:
+        from .dms.fleet.command import add_fleet_arguments
         from .dms.run import add_arguments
         from .dms.run_record import add_record_arguments
 
         add_arguments(run_parser, "run")
         add_arguments(replay, "replay")
         add_record_arguments(record)
+        add_fleet_arguments(fleet)
     from .dms.report.command import add_arguments as add_report_arguments
 
     add_report_arguments(
@@ -232,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped_before_work(argv)
 
 
+def _missing_fleet_dependency() -> str | None:
+    """The module of the fleet extra that is not installed, or None."""
+    return next((module for module in ("pyarrow", "ray") if not _installed(module)), None)
+
+
 def _installed(module: str) -> bool:
     """Whether ``module`` can be imported (found, not imported: the report imports it only once
     its input has been read)."""
@@ -269,6 +281,18 @@ def _main(argv: list[str], stopping: Stopping) -> int:
         from .dms.run_record import record
 
         return record(args, stopping)
+    if args.command == "fleet":
+        missing = _missing_fleet_dependency()
+        if missing is not None:
+            print(
+                f"aio-dms fleet: fleet replays need the fleet extra, which is not installed "
+                f"(no module named {missing!r}): {FLEET_EXTRA}",
+                file=sys.stderr,
+            )
+            return ExitCode.REFUSED
+        from .dms.fleet.command import fleet
+
+        return fleet(args, stopping)
     if args.command == "report":
         if not _installed("matplotlib"):  # its pictures need the extra too
             return _needs_extra("report", "matplotlib")

@@ -46,6 +46,8 @@ from .service import DmsService, StartupError, Summary
 
 __all__ = [
     "add_arguments",
+    "add_log_format",
+    "add_setting_arguments",
     "config_from",
     "flag_of",
     "run",
@@ -60,31 +62,8 @@ _METAVARS: dict[Callable[[str], Any] | None, str] = {number: "SECONDS", integer:
 def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None:
     """``aio-dms COMMAND``'s options: one per setting of the service that the command takes
     (generated from its declaration, its default shown), and the log format."""
-    for item, declared in settings():
-        flag = _flag(item, declared)
-        if not flag or command not in declared.commands:
-            continue  # set through another setting's flag, or not by this command
-        text = f"{declared.help} (default: {_shown(item, declared)})"
-        if isinstance(item.default, bool):
-            parser.add_argument(flag, dest=item.name, action="store_true", help=text)
-            continue
-        nargs: int | str | None = len(declared.together) if declared.together else None
-        parser.add_argument(
-            flag,
-            dest=item.name,
-            default=declared.command_line_default,
-            metavar=declared.metavar or _METAVARS.get(declared.parse),
-            choices=declared.choices,
-            nargs="?" if declared.bare is not None else nargs,
-            const=declared.bare,
-            help=text,
-        )
-    parser.add_argument(
-        "--log-format",
-        choices=("console", "json"),
-        default="console",
-        help="how log events are written to standard error (default: console)",
-    )
+    add_setting_arguments(parser, command)
+    add_log_format(parser)
     parser.add_argument(
         "--summary-json",
         metavar="PATH",
@@ -93,6 +72,49 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None
     )
     if command == "replay":
         add_compare_arguments(parser)
+
+
+def add_setting_arguments(
+    parser: argparse.ArgumentParser,
+    command: str,
+    *,
+    without: frozenset[str] = frozenset(),
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    """One option per setting of the service that ``command`` takes, but the ones named in
+    ``without`` (generated from its declaration, its default shown: the declared one, or the
+    one ``defaults`` gives, which the parsed options then hold)."""
+    for item, declared in settings():
+        flag = _flag(item, declared)
+        if not flag or command not in declared.commands or item.name in without:
+            continue  # set through another setting's flag, or not by this command
+        given = (defaults or {}).get(item.name)
+        shown = _shown(item, declared) if given is None else str(given)
+        text = f"{declared.help} (default: {shown})"
+        if isinstance(item.default, bool):
+            parser.add_argument(flag, dest=item.name, action="store_true", help=text)
+            continue
+        nargs: int | str | None = len(declared.together) if declared.together else None
+        parser.add_argument(
+            flag,
+            dest=item.name,
+            default=declared.command_line_default if given is None else given,
+            metavar=declared.metavar or _METAVARS.get(declared.parse),
+            choices=declared.choices,
+            nargs="?" if declared.bare is not None else nargs,
+            const=declared.bare,
+            help=text,
+        )
+
+
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``: how log events are written to standard error."""
+    parser.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console",
+        help="how log events are written to standard error (default: console)",
+    )
 
 
 def single_value_flags() -> set[str]:

@@ -35,6 +35,7 @@ __all__ = [
     "record_before_start",
     "summary_record",
     "utc_now",
+    "write_json_document",
     "write_summary_json",
 ]
 
@@ -235,8 +236,14 @@ def record_before_start(facts: RunFacts) -> RunSummaryRecord:
 def write_summary_json(path: str | os.PathLike[str], record: RunSummaryRecord) -> None:
     """Write ``record`` to ``path`` as one JSON document (replacing a file there whole: a
     reader never sees half of one); :class:`OSError` if it cannot be."""
+    write_json_document(path, record)
+
+
+def write_json_document(path: str | os.PathLike[str], document: object) -> None:
+    """Write ``document`` to ``path`` as JSON, indented, NaN-free: to a file beside it, then
+    renamed over it (a reader never sees half of one); :class:`OSError` if it cannot be."""
     target = Path(path)
-    text = json.dumps(record, indent=2, allow_nan=False) + "\n"
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as file:

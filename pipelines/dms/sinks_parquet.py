@@ -56,6 +56,7 @@ from typing import Any
 
 from aio_runtime import get_logger
 
+from ..extras import FLEET_EXTRA
 from .config import Mode
 from .messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
 from .openpilot.compare import SIDES, flatten
@@ -65,7 +66,6 @@ from .sinks_policy import DRAIN_TIMEOUT, LIVE_BACKLOG, SinkFailed, SinkStats, ch
 
 __all__ = [
     "DRIVER_COLUMNS",
-    "FLEET_EXTRA",
     "PARQUET_COLUMNS",
     "ROW_GROUP",
     "ParquetSink",
@@ -73,8 +73,6 @@ __all__ = [
     "partial_path",
 ]
 
-FLEET_EXTRA = "pip install 'aio-dms[fleet]'"
-"""What installs pyarrow (Parquet) and Ray (fleet replays)."""
 ROW_GROUP = 1024
 """Rows a row group holds (the last one of a file, fewer)."""
 _CHUNK = 1 << 20

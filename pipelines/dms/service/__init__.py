@@ -36,6 +36,7 @@ from ..config import CameraFile, CameraSpec, Mode, ServiceConfig
 from ..endpoints import HealthState, create_app
 from ..messages import DriverStateV2, readiness_record
 from ..publish import CerealSocket, ZmqSink
+from ..sinks_parquet import ROW_GROUP
 from ._backends import TransportOpener
 from ._calibration import CalibrationState
 from ._camera import Camera
@@ -68,7 +69,9 @@ class DmsService:
     ``source``: frames from this source instead of ``config.camera``; ``calibration``: samples
     from this stream instead of the synthetic one (with no static ``config.calib``);
     ``transport``: how to reach the accelerator (``--device sim``) instead of simulating one in
-    this process — each call opens a fresh USB transport for one session.
+    this process — each call opens a fresh USB transport for one session; ``recording``,
+    ``row_group``: the ``recording`` column of ``config.parquet``'s rows (default: the camera
+    file's name) and the rows a row group of it holds (default 1024).
     """
 
     def __init__(
@@ -78,8 +81,11 @@ class DmsService:
         source: AsyncIterable[Frame] | None = None,
         calibration: AsyncIterable[CalibrationSample] | None = None,
         transport: TransportOpener | None = None,
+        recording: str | None = None,
+        row_group: int = ROW_GROUP,
     ) -> None:
         self.config = cfg = config or ServiceConfig()
+        self._rows = (_name(cfg.camera) if recording is None else recording, row_group)
         self._source = source
         self._calibration_stream = calibration
         self._calibration = CalibrationState(stale_after=cfg.calib_stale_after, static=cfg.calib)
@@ -156,7 +162,10 @@ class DmsService:
             with refused("rlog"):
                 self.outcomes.open_sinks(rlog=cfg.rlog)
             with refused("parquet"):
-                self.outcomes.open_sinks(parquet=cfg.parquet, recording=_name(cfg.camera))
+                recording, row_group = self._rows
+                self.outcomes.open_sinks(
+                    parquet=cfg.parquet, recording=recording, row_group=row_group
+                )
             with refused("cereal_zmq"):
                 self.outcomes.open_sinks(cereal_zmq=cfg.cereal_zmq, allow_remote=cfg.allow_remote)
             self._tg = await started_group(self._run)

@@ -46,6 +46,7 @@ from ..publish import (
     ZmqSink,
     open_cereal_sockets,
 )
+from ..sinks_parquet import ROW_GROUP
 from ._job import FrameJob
 from ._policy import Verdict
 
@@ -136,12 +137,13 @@ class FrameOutcomes:
         append: bool = False,
         parquet: Path | None = None,
         recording: str = "",
+        row_group: int = ROW_GROUP,
     ) -> None:
         """Publish on ZeroMQ, as JSON lines, as openpilot's log, on cereal's ZeroMQ sockets on
-        the host ``cereal_zmq``, and as Parquet rows of the recording named ``recording`` too
-        (each if given; ``append``: to a JSON lines file that exists); :class:`OSError` or
-        :class:`ValueError` for one that cannot be opened (its address in use, its file not
-        writable, or there already unless appending)."""
+        the host ``cereal_zmq``, and as Parquet rows of the recording named ``recording`` too,
+        ``row_group`` rows a row group (each if given; ``append``: to a JSON lines file that
+        exists); :class:`OSError` or :class:`ValueError` for one that cannot be opened (its
+        address in use, its file not writable, or there already unless appending)."""
         if zmq:
             self.sinks.add(ZmqSink(zmq, delivery=self.mode, allow_remote=allow_remote))
         if jsonl:
@@ -153,7 +155,7 @@ class FrameOutcomes:
             for socket in sockets:
                 self.sinks.add(socket)
         if parquet:
-            self._parquet = ParquetSink(parquet, recording=recording)
+            self._parquet = ParquetSink(parquet, recording=recording, row_group=row_group)
             self.sinks.add(self._parquet)
 
     def ended(self) -> None:

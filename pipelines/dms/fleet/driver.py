@@ -1,0 +1,351 @@
+"""The fleet's driver: hands recordings to the workers (Ray actors), bounds, retries, summarises.
+
+Ray schedules the actors and restarts one whose process dies; the driver keeps one recording in
+flight per worker and decides what a failure means:
+
+- a worker that died while replaying (killed, out of memory, crashed): the recording is handed
+  out again, up to :attr:`FleetOptions.attempts` times in all; the attempt that completes writes
+  the frames file whole (an earlier one left at most a hidden partial file, replaced), so the
+  dataset holds each frame once;
+- a recording that fails (it cannot be read, it is damaged): it fails alone, with its reason,
+  and the rest go on;
+- a worker past its recording's wall-clock bound (hung: its event loop stopped, its process
+  stopped) — :attr:`FleetOptions.start_timeout` seconds, plus
+  :attr:`FleetOptions.frame_timeout` a frame once the worker has said how long the recording is —
+  is killed (Ray starts another in its place) and the recording fails, not retried;
+- a stop asked for (Ctrl-C): the replays in flight are cancelled (each leaves its partial file),
+  the recordings not complete are marked interrupted.
+
+As it ends, however it ends, ``fleet.json`` and ``recordings.parquet`` are written
+(:mod:`.layout`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..run_summary import utc_now
+from .cluster import ClusterError, FleetCluster
+from .layout import LAYOUT_VERSION
+from .plan import FleetPlan
+from .summary import (
+    FleetSummary,
+    RecordingSummary,
+    failed_summary,
+    fleet_summary,
+    summary_table,
+)
+from .worker import ReplayTask, ReplayWorker, WorkerProgress
+
+__all__ = ["FleetProgress", "FleetResult", "run_fleet"]
+
+_WAIT = 0.2
+"""Seconds the driver waits for a result before it looks at bounds, progress and stops."""
+_POLL = 0.5
+"""Seconds between two progress questions to a worker."""
+_CANCEL_GRACE = 10.0
+"""Seconds cancelled replays may take to end before their workers are killed."""
+
+
+@dataclass(frozen=True)
+class FleetProgress:
+    """Where a run is: recordings done (of all), failed, frames replayed, frames a second."""
+
+    done: int
+    total: int
+    failed: int
+    frames: int
+    frames_per_second: float | None
+
+
+@dataclass
+class FleetResult:
+    recordings: list[RecordingSummary]
+    summary: FleetSummary
+    interrupted: bool
+    first_handed_out: float | None = None
+    last_row_written: float | None = None
+    """``time.monotonic()`` when the first recording was handed out, and when the last result
+    came back (its rows written)."""
+
+
+@dataclass
+class _Running:
+    task: ReplayTask
+    actor: Any
+    handed: float
+    length: int | None = None
+    frames: int = 0
+    poll: Any = None
+    polled: float = 0.0
+    killed: str | None = None
+
+
+class _Driver:
+    def __init__(
+        self,
+        plan: FleetPlan,
+        actors: list[Any],
+        stop: threading.Event,
+        progress: Callable[[FleetProgress], None] | None,
+    ) -> None:
+        self.plan = plan
+        self.options = plan.options
+        self.idle = list(actors)
+        self.pending = deque(plan.tasks)
+        self.running: dict[Any, _Running] = {}
+        self.results: list[RecordingSummary] = []
+        self.stop = stop
+        self.progress = progress
+        self.first: float | None = None
+        self.last: float | None = None
+        self.frames = 0
+
+    def run(self) -> bool:
+        """Hand out every task; False when stopped first."""
+        import ray
+
+        while self.pending or self.running:
+            if self.stop.is_set():
+                self._cancel_all()
+                return False
+            while self.idle and self.pending:
+                self._hand_out(self.pending.popleft(), self.idle.pop())
+            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=_WAIT)
+            for ref in ready:
+                self._finished(ref)
+            self._look_at_workers()
+            self._show()
+        return True
+
+    def _hand_out(self, task: ReplayTask, actor: Any) -> None:
+        now = time.monotonic()
+        self.first = self.first or now
+        self.running[actor.replay.remote(task)] = _Running(task, actor, now)
+
+    def _bound(self, running: _Running) -> float:
+        frames = running.length or 0
+        return running.handed + self.options.start_timeout + frames * self.options.frame_timeout
+
+    def _finished(self, ref: Any) -> None:
+        import ray
+        from ray.exceptions import RayActorError, TaskCancelledError
+
+        running = self.running.pop(ref)
+        task = running.task
+        self.idle.append(running.actor)
+        facts = {"model": task.model, "attempts": task.attempt}
+        try:
+            summary: RecordingSummary = ray.get(ref)
+        except RayActorError as exc:
+            if running.killed is not None:
+                summary = failed_summary(task.recording, task.path, **facts, reason=running.killed)
+            elif task.attempt < self.options.attempts:
+                self.pending.appendleft(dataclasses.replace(task, attempt=task.attempt + 1))
+                return
+            else:
+                reason = f"its worker died {task.attempt} times (last: {_first_line(exc)})"
+                summary = failed_summary(task.recording, task.path, **facts, reason=reason)
+        except TaskCancelledError:
+            summary = failed_summary(
+                task.recording, task.path, **facts, status="interrupted", reason="stopped"
+            )
+        except Exception as exc:  # the replay raised: a fault of ours, reported with the rest
+            reason = f"the replay raised {_first_line(exc)}"
+            summary = failed_summary(task.recording, task.path, **facts, reason=reason)
+        self.last = time.monotonic()
+        self.frames += summary["frames"]
+        self.results.append(summary)
+
+    def _look_at_workers(self) -> None:
+        """Ask each busy worker where it is (one question at a time), and kill the ones past
+        their bound."""
+        import ray
+
+        now = time.monotonic()
+        for running in self.running.values():
+            if running.poll is not None:
+                ready, _ = ray.wait([running.poll], timeout=0)
+                if ready:
+                    try:
+                        answer: WorkerProgress = ray.get(running.poll)
+                    except Exception:  # the worker is gone: its replay's result says how
+                        answer = WorkerProgress(None, 0, None)
+                    running.poll = None
+                    if answer.recording == running.task.recording:
+                        running.frames, running.length = answer.frames, answer.length
+            if running.poll is None and now - running.polled >= _POLL and running.killed is None:
+                running.poll, running.polled = running.actor.progress.remote(), now
+            bound = self._bound(running)
+            if running.killed is None and now > bound:
+                seconds = bound - running.handed
+                running.killed = (
+                    f"its worker exceeded the recording's bound of {seconds:.1f} s (hung) and "
+                    "was killed"
+                )
+                ray.kill(running.actor, no_restart=False)
+
+    def _cancel_all(self) -> None:
+        import ray
+
+        for ref in self.running:
+            ray.cancel(ref)
+        if self.running:  # each ends at its next await; all of them within the grace
+            flying = list(self.running)
+            ready, _ = ray.wait(flying, num_returns=len(flying), timeout=_CANCEL_GRACE)
+            for ref in ready:
+                self._finished(ref)
+        for ref, running in list(self.running.items()):
+            running.killed = "stopped"
+            ray.kill(running.actor, no_restart=True)
+            task = running.task
+            self.results.append(
+                failed_summary(
+                    task.recording, task.path, model=task.model, attempts=task.attempt,
+                    status="interrupted", reason="stopped",
+                )
+            )  # fmt: skip
+            del self.running[ref]
+        for task in self.pending:
+            self.results.append(
+                failed_summary(
+                    task.recording, task.path, model=task.model, attempts=task.attempt,
+                    status="interrupted", reason="not started",
+                )
+            )  # fmt: skip
+        self.pending.clear()
+        for summary in self.results:
+            if summary["status"] == "failed" and summary["reason"] == "stopped":
+                summary["status"] = "interrupted"
+
+    def _show(self) -> None:
+        if self.progress is None:
+            return
+        done = len(self.plan.resumed) + len(self.results)
+        flying = sum(running.frames for running in self.running.values())
+        elapsed = time.monotonic() - self.first if self.first is not None else 0.0
+        rate = (self.frames + flying) / elapsed if elapsed > 0 else None
+        failed = sum(1 for s in self.results if s["status"] != "complete")
+        total = len(self.plan.resumed) + len(self.plan.tasks)
+        self.progress(FleetProgress(done, total, failed, self.frames + flying, rate))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def run_fleet(
+    plan: FleetPlan,
+    *,
+    stop: threading.Event | None = None,
+    progress: Callable[[FleetProgress], None] | None = None,
+    cluster: FleetCluster | None = None,
+) -> FleetResult:
+    """Run ``plan`` on ``cluster`` (None: one made of the options' address, started and ended
+    here); ``stop``: set to stop it (the replays in flight cancelled); ``progress``: called as it
+    goes. :class:`~.cluster.ClusterError` where the cluster cannot be had, or has fewer CPUs
+    than workers asked for; :class:`OSError` where the outputs cannot be written."""
+    options = plan.options
+    stop = stop or threading.Event()
+    started_at = utc_now()
+    own = cluster is None
+    cluster = cluster or FleetCluster(options.address, options.workers)
+    with cluster if own else _nothing():
+        cpus = cluster.cpus()
+        workers = options.workers or cpus
+        if workers > cpus:
+            raise ClusterError(f"--workers {workers}: the cluster has {cpus} CPUs")
+        for kind, run in plan.runs.items():
+            run.write_run(_document(plan, kind, "running", started_at, [], None))
+        driver = _Driver(plan, _actors(min(workers, max(len(plan.tasks), 1))), stop, progress)
+        try:
+            complete = driver.run()
+        finally:
+            if not own or stop.is_set():
+                _end(driver)
+    return _written(plan, driver, not complete, started_at, cluster.start_seconds)
+
+
+def _nothing() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _actors(count: int) -> list[Any]:
+    import ray
+
+    worker = ray.remote(ReplayWorker).options(
+        num_cpus=1, max_restarts=-1, max_task_retries=0, max_concurrency=2
+    )
+    return [worker.remote() for _ in range(count)]
+
+
+def _end(driver: _Driver) -> None:
+    import ray
+
+    for actor in driver.idle + [r.actor for r in driver.running.values()]:
+        ray.kill(actor, no_restart=True)
+
+
+def _written(
+    plan: FleetPlan,
+    driver: _Driver,
+    interrupted: bool,
+    started_at: str,
+    cluster_seconds: float | None,
+) -> FleetResult:
+    import pyarrow.parquet as pq
+
+    order = {recording.name: at for at, recording in enumerate(plan.recordings)}
+    recordings = sorted(plan.resumed + driver.results, key=lambda s: order[s["recording"]])
+    seconds = driver.last - driver.first if driver.first and driver.last else None
+    frames_files = [
+        plan.runs[s["model"]].frames(s["recording"]) for s in recordings
+        if s["status"] == "complete" and s["model"] == "model"
+    ]  # fmt: skip
+    fleet = fleet_summary(
+        recordings,
+        frames_files,
+        resumed=len(plan.resumed),
+        replay_seconds=seconds,
+        replayed_frames=driver.frames,
+        cluster_start_seconds=cluster_seconds,
+    )
+    state = "interrupted" if interrupted else "complete"
+    for kind, run in plan.runs.items():
+        own = [s for s in recordings if s["model"] == kind]
+        pq.write_table(summary_table(own), str(run.recordings_table) + ".partial")
+        Path(str(run.recordings_table) + ".partial").replace(run.recordings_table)
+        run.write_run(
+            _document(plan, kind, state, started_at, own, fleet if kind == "model" else None)
+        )
+    return FleetResult(recordings, fleet, interrupted, driver.first, driver.last)
+
+
+def _document(
+    plan: FleetPlan,
+    kind: str,
+    state: str,
+    started_at: str,
+    recordings: list[RecordingSummary],
+    fleet: FleetSummary | None,
+) -> dict[str, Any]:
+    return {
+        "version": LAYOUT_VERSION,
+        "state": state,
+        "startedAt": started_at,
+        "endedAt": None if state == "running" else utc_now(),
+        "settings": plan.settings[kind],
+        "inputs": len(plan.recordings),
+        "recordings": recordings,
+        "fleet": fleet,
+    }
