@@ -20,12 +20,15 @@ $(INSTALLED): pyproject.toml
 run: setup
 	$(VENV)/bin/aio-dms run --duration 10
 
-# Two steps. The ordinary suite; then the emulated-USB tests (real libusb against the simulated
-# bridge served by umockdev) in a process of their own under umockdev-wrapper, where
-# AIO_DMS_REQUIRE_UMOCKDEV=1 turns a missing emulation into failures and any skip into a failed run.
-# A hang inside libusb's C code ends by pytest-timeout's thread method (--timeout, per test).
+# Three steps. The ordinary suite; the fleet tests, on one local Ray cluster started for them
+# (and a two-node one), ending only the processes they started; then the emulated-USB tests (real
+# libusb against the simulated bridge served by umockdev) in a process of their own under
+# umockdev-wrapper, where AIO_DMS_REQUIRE_UMOCKDEV=1 turns a missing emulation into failures and
+# any skip into a failed run. A hang inside libusb's C code ends by pytest-timeout's thread method
+# (--timeout, per test).
 test: setup
-	$(PY) -m pytest --ignore=tests/umockdev
+	$(PY) -m pytest --ignore=tests/umockdev --ignore=tests/fleet
+	$(PY) -m pytest tests/fleet
 	AIO_DMS_REQUIRE_UMOCKDEV=1 umockdev-wrapper $(PY) -m pytest tests/umockdev --timeout=30
 
 # The built wheel as users install it, in fresh virtual environments (packages from PyPI): bare,

@@ -74,9 +74,16 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--healthy-after": [["0"], ["-1"], ["nan"], ["inf"]],
     "--log-format": [["xml"], [""]],
     "--output": [["{garbage}"], ["{missing}/out.dmsrec"], ["{dir}"], [""]],
+    "--out": [["{garbage}"], ["{dir}"], [""]],
+    "--workers": [["0"], ["-1"], ["x"], ["1.5"], ["99999"]],
+    "--address": [["nohost"], ["127.0.0.1:1"], ["ray://"], [""], ["127.0.0.1:x"]],
+    "--baseline-model": [["{missing}"], ["{dir}"], ["{garbage}"]],
+    "--frame-timeout": [["0"], ["-1"], ["nan"], ["inf"], ["x"]],
+    "--start-timeout": [["0"], ["-1"], ["nan"], ["inf"], ["x"]],
+    "--attempts": [["0"], ["-1"], ["x"], ["1.5"]],
 }  # fmt: skip
 
-COMMANDS = ("run", "replay", "record")
+COMMANDS = ("run", "replay", "record", "fleet")
 """The commands whose options the table covers."""
 
 # Through the Python API: values of the wrong type or out of range, for every field.
@@ -135,7 +142,11 @@ def _options(command: str) -> dict[str, argparse.Action]:
 
 def _argv(command: str, flag: str, values: list[str], paths: dict[str, str]) -> list[str]:
     values = [value.format_map(paths) for value in values]
-    heads = {"replay": [command, "in.dmsrec"], "record": [command, "--frames", "3", "-o", "new"]}
+    heads = {
+        "replay": [command, "in.dmsrec"],
+        "record": [command, "--frames", "3", "-o", "new"],
+        "fleet": [command, "in.dmsrec", "--out", "new-run"],
+    }
     head = heads.get(command, [command])  # what the command needs, then the value to refuse
     if values and values[0].startswith("="):
         return [*head, flag + values[0], *values[1:]]

@@ -27,6 +27,7 @@ import secrets
 import socket
 import time
 from collections.abc import MutableMapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "OBJECT_STORE_BYTES",
     "ClusterError",
     "FleetCluster",
+    "local_cpus",
     "ray_environment",
 ]
 
@@ -60,6 +62,11 @@ def ray_environment(environ: MutableMapping[str, str] | None = None, *, local: b
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
+def local_cpus() -> int:
+    """The CPUs this process may use: a local cluster's."""
+    return len(os.sched_getaffinity(0))
+
+
 def _reachable(address: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
@@ -74,11 +81,15 @@ def _reachable(address: str) -> None:
 class FleetCluster:
     """``with FleetCluster(address, cpus) as cluster:`` — the cluster to run on (see the
     module's description); ``cpus``: a local cluster's CPUs (None: the ones this process may
-    use). :class:`ClusterError` where it cannot be had."""
+    use); ``temp_dir``: where a local cluster keeps its sockets and logs (None: Ray's default,
+    ``/tmp/ray``). :class:`ClusterError` where it cannot be had."""
 
-    def __init__(self, address: str | None = None, cpus: int | None = None) -> None:
+    def __init__(
+        self, address: str | None = None, cpus: int | None = None, temp_dir: Path | None = None
+    ) -> None:
         self.address = address
         self._cpus = cpus
+        self._temp_dir = temp_dir
         self.start_seconds: float | None = None
         """How long starting (or joining) it took."""
         self._connected = False
@@ -97,8 +108,10 @@ class FleetCluster:
             "configure_logging": False,
         }
         if self.address is None:
-            options["num_cpus"] = self._cpus or len(os.sched_getaffinity(0))
+            options["num_cpus"] = self._cpus or local_cpus()
             options["object_store_memory"] = OBJECT_STORE_BYTES
+            if self._temp_dir is not None:
+                options["_temp_dir"] = str(self._temp_dir)
         else:
             options["address"] = self.address
         try:

@@ -101,11 +101,14 @@ def _options(args: argparse.Namespace) -> FleetOptions:
 
     config = config_from(args, mode=Mode.REPLAY)
     config.check_environment()  # the model file: refused here rather than by every worker
+    if config.model is not None:
+        _checked_model("--model", config.model)
     defaults = FleetOptions(Path())
     baseline = None
     if args.baseline_model is not None:
-        baseline = Path(args.baseline_model)
-        readable_file("--baseline-model", baseline, "expected an ONNX model file")
+        baseline = _checked_model("--baseline-model", Path(args.baseline_model))
+    if not args.out:
+        raise ValueError("--out: expected a directory path, got ''")
     workers = None if args.workers is None else _at_least_one("--workers", args.workers)
     return FleetOptions(
         Path(args.out),
@@ -121,6 +124,18 @@ def _options(args: argparse.Namespace) -> FleetOptions:
             else _at_least_one("--attempts", args.attempts)
         ),
     )
+
+
+def _checked_model(flag: str, path: Path) -> Path:
+    """``path``, an ONNX model with the DMS contract (checked as a worker loads it)."""
+    from ..model import load_contract
+
+    readable_file(flag, path, "expected an ONNX model file")
+    try:
+        load_contract(path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{flag} {str(path)!r}: {exc}") from None
+    return path
 
 
 def _positive(flag: str, text: str | None, default: float) -> float:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run_summary import utc_now
-from .cluster import ClusterError, FleetCluster
+from .cluster import ClusterError, FleetCluster, local_cpus
 from .layout import LAYOUT_VERSION
 from .plan import FleetPlan
 from .summary import (
@@ -257,7 +257,11 @@ def run_fleet(
     stop = stop or threading.Event()
     started_at = utc_now()
     own = cluster is None
-    cluster = cluster or FleetCluster(options.address, options.workers)
+    if own and options.address is None and (options.workers or 0) > local_cpus():
+        raise ClusterError(
+            f"--workers {options.workers}: this machine has {local_cpus()} CPUs for a local cluster"
+        )
+    cluster = cluster or FleetCluster(options.address)
     with cluster if own else _nothing():
         cpus = cluster.cpus()
         workers = options.workers or cpus
