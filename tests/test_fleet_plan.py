@@ -10,15 +10,20 @@ import pyarrow as pa
 import pytest
 from openpilot_segments import build_segment
 
-from pipelines.dms.config import DeviceKind, Mode, ServiceConfig
-from pipelines.dms.fleet import FleetOptions, RunDirectory, find_recordings, plan_fleet
+from pipelines.dms.fleet import (
+    FleetOptions,
+    RunDirectory,
+    find_recordings,
+    fleet_config,
+    plan_fleet,
+)
 from pipelines.dms.fleet.layout import replay_settings
 from pipelines.dms.fleet.summary import percentiles, recording_summary
 from pipelines.dms.recording import FILE_MAGIC
 from pipelines.dms.reference_model import build_reference_model, write_model
 from pipelines.dms.sinks_parquet import parquet_schema
 
-CONFIG = ServiceConfig(mode=Mode.REPLAY, device=DeviceKind.CPU)
+CONFIG = fleet_config()
 
 
 def ours(path: Path) -> Path:
@@ -107,7 +112,7 @@ def test_a_run_directory_of_other_settings_or_other_files_is_refused(tmp_path):
     out = tmp_path / "run"
     RunDirectory(out).write_run({"settings": replay_settings(CONFIG)})
     assert plan_fleet(recordings, FleetOptions(out, CONFIG)).tasks  # the same: resumed
-    other = ServiceConfig(mode=Mode.REPLAY, device=DeviceKind.CPU, budget=0.1)
+    other = fleet_config(budget=0.1)
     with pytest.raises(ValueError, match=r"other settings \(budget\)"):
         plan_fleet(recordings, FleetOptions(out, other))
     (tmp_path / "full").mkdir()

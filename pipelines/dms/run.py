@@ -80,17 +80,18 @@ def add_setting_arguments(
     *,
     without: frozenset[str] = frozenset(),
     defaults: dict[str, Any] | None = None,
+    shown: dict[str, str] | None = None,
 ) -> None:
     """One option per setting of the service that ``command`` takes, but the ones named in
     ``without`` (generated from its declaration, its default shown: the declared one, or the
-    one ``defaults`` gives, which the parsed options then hold)."""
+    one ``defaults`` gives, which the parsed options then hold, or what ``shown`` says of it)."""
     for item, declared in settings():
         flag = _flag(item, declared)
         if not flag or command not in declared.commands or item.name in without:
             continue  # set through another setting's flag, or not by this command
         given = (defaults or {}).get(item.name)
-        shown = _shown(item, declared) if given is None else str(given)
-        text = f"{declared.help} (default: {shown})"
+        default = _shown(item, declared) if given is None else str(given)
+        text = f"{declared.help} (default: {(shown or {}).get(item.name, default)})"
         if isinstance(item.default, bool):
             parser.add_argument(flag, dest=item.name, action="store_true", help=text)
             continue

@@ -23,6 +23,7 @@ from pipelines.dms.fleet import (
     FleetResult,
     RunDirectory,
     find_recordings,
+    fleet_config,
     plan_fleet,
     run_fleet,
 )
@@ -31,7 +32,7 @@ from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, partial_path
 
 pytestmark = pytest.mark.timeout(180)
 
-CONFIG = ServiceConfig(mode=Mode.REPLAY, device=DeviceKind.CPU, no_budget=True)
+CONFIG = fleet_config()
 COMPARED = ["frameId", "valid", "eventValid", "availability", "reasonKind", *DRIVER_COLUMNS]
 """The columns that are the same however fast a replay ran (not its times and latencies)."""
 

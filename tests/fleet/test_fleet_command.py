@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def fleet_command(*words: str) -> list[str]:
-    return [sys.executable, "-m", "pipelines.cli", "fleet", *words, "--device", "cpu",
-            "--no-budget"]  # fmt: skip
+    return [sys.executable, "-m", "pipelines.cli", "fleet", *words, "--device", "cpu"]
 
 
 def run(*words: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from .cluster import ClusterError, FleetCluster
 from .driver import FleetProgress, FleetResult, run_fleet
 from .inputs import Recording, find_recordings
 from .layout import RunDirectory
-from .plan import FleetOptions, FleetPlan, plan_fleet
+from .plan import FleetOptions, FleetPlan, fleet_config, plan_fleet
 from .summary import FleetSummary, RecordingSummary
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "RecordingSummary",
     "RunDirectory",
     "find_recordings",
+    "fleet_config",
     "plan_fleet",
     "run_fleet",
 ]

@@ -38,12 +38,18 @@ FLEET_FIXED = frozenset(
     {
         "health_host", "health_port", "zmq", "jsonl", "jsonl_append", "rlog", "parquet",
         "cereal_zmq", "run_id", "model_cpus", "allow_remote", "raw_predictions", "duration",
+        "no_budget",
     }
 )  # fmt: skip
 """The replay's settings a fleet does not take: its outputs (the dataset is the output), and
-what the fleet sets for each replay (no health endpoint, no CPUs placed)."""
+what the fleet sets for each replay (no health endpoint, no CPUs placed, no frame budget unless
+``--budget`` is given)."""
 FLEET_DEFAULTS: dict[str, Any] = {"device": DeviceKind.CPU.value}
 """Where a fleet's default differs from a replay's: the model on onnxruntime on the CPU."""
+_SHOWN = {
+    "budget": "none: a fleet replays without a frame budget unless one is given, so that its "
+    "rows do not depend on how loaded its machines are",
+}
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,14 +98,16 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="times a recording is handed out when its worker dies replaying it (default: "
         f"{defaults.attempts})",
     )  # fmt: skip
-    add_setting_arguments(parser, "replay", without=FLEET_FIXED, defaults=FLEET_DEFAULTS)
+    add_setting_arguments(
+        parser, "replay", without=FLEET_FIXED, defaults=FLEET_DEFAULTS, shown=_SHOWN
+    )
     add_log_format(parser)
 
 
 def _options(args: argparse.Namespace) -> FleetOptions:
     from ..run import config_from
 
-    config = config_from(args, mode=Mode.REPLAY)
+    config = config_from(args, mode=Mode.REPLAY, no_budget=args.budget is None)
     config.check_environment()  # the model file: refused here rather than by every worker
     if config.model is not None:
         _checked_model("--model", config.model)

@@ -14,26 +14,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ServiceConfig
+from ..config import DeviceKind, Mode, ServiceConfig
 from ..sinks_parquet import ROW_GROUP
 from .inputs import Recording
 from .layout import RunDirectory, replay_settings
 from .summary import RecordingSummary, recording_summary
 from .worker import ReplayTask
 
-__all__ = ["FleetOptions", "FleetPlan", "plan_fleet"]
+__all__ = ["FleetOptions", "FleetPlan", "fleet_config", "plan_fleet"]
+
+
+def fleet_config(**settings: Any) -> ServiceConfig:
+    """A fleet's replay settings, as ``aio-dms fleet`` makes them: replay mode, the model on
+    onnxruntime on the CPU, no frame budget; ``settings`` the others (checked)."""
+    given: dict[str, Any] = {"device": DeviceKind.CPU, "no_budget": True, **settings}
+    return ServiceConfig(mode=Mode.REPLAY, **given)
 
 
 @dataclass(frozen=True)
 class FleetOptions:
-    """How to run a fleet: ``out`` (the run's directory), ``config`` (the replays' settings),
+    """How to run a fleet: ``out`` (the run's directory), ``config`` (the replays' settings:
+    :func:`fleet_config`'s by default),
     ``baseline_model`` (a second model replayed over every recording too, and compared),
     ``workers`` (None: one a CPU of the cluster), ``address`` (None: a local cluster), the
     per-recording bound (``start_timeout`` seconds plus ``frame_timeout`` a frame), the
     ``attempts`` a recording gets when its worker dies, the frames files' ``row_group``."""
 
     out: Path
-    config: ServiceConfig = field(default_factory=ServiceConfig)
+    config: ServiceConfig = field(default_factory=lambda: fleet_config())
     baseline_model: Path | None = None
     workers: int | None = None
     address: str | None = None
