@@ -47,6 +47,7 @@ class Stopping:
         self._first: tuple[int, float] | None = None
         """The first signal and when it came (the monotonic clock)."""
         self._on_signal: Callable[[], None] | None = None
+        self._at_exit: Callable[[], None] | None = None
 
     @classmethod
     def install(cls) -> Stopping:
@@ -68,6 +69,9 @@ class Stopping:
             return  # the first one, delivered twice
         self.signals += 1
         if self.signals > 1:
+            if self._at_exit is not None:
+                with contextlib.suppress(Exception):
+                    self._at_exit()
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
@@ -78,12 +82,16 @@ class Stopping:
             raise Interrupted(signum)
 
     @contextlib.contextmanager
-    def calling(self, on_signal: Callable[[], None]) -> Iterator[None]:
+    def calling(
+        self, on_signal: Callable[[], None], at_exit: Callable[[], None] | None = None
+    ) -> Iterator[None]:
         """While the block runs, the first signal calls ``on_signal`` (from the signal handler:
-        it must only schedule the stop, e.g. ``loop.call_soon_threadsafe(scope.cancel)``). A
-        signal before the block has already unwound the command (:class:`Interrupted`)."""
-        self._on_signal = on_signal
+        it must only schedule the stop, e.g. ``loop.call_soon_threadsafe(scope.cancel)``), and
+        a second one ``at_exit`` (if given) before the process ends (what must not outlive it:
+        the processes it started). A signal before the block has already unwound the command
+        (:class:`Interrupted`)."""
+        self._on_signal, self._at_exit = on_signal, at_exit
         try:
             yield
         finally:
-            self._on_signal = None
+            self._on_signal = self._at_exit = None

@@ -8,22 +8,41 @@ only: never a machine-wide ``ray stop``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleet_processes import Process, descendants, end
 from fleet_recordings import write_recording
 
 from pipelines.dms.fleet.cluster import FleetCluster, ray_environment
+from pipelines.dms.fleet.processes import Process, alive, descendants, kill
 
 CLUSTER_CPUS = 2
 
 
+def end(processes: set[Process], grace: float = 5.0) -> list[Process]:
+    """End ``processes`` that are still alive: SIGTERM, then SIGKILL after ``grace`` seconds;
+    the ones that had to be ended."""
+    left = [p for p in processes if alive(p)]
+    for process in left:
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGCONT)  # a stopped one handles its SIGTERM
+            os.kill(process.pid, signal.SIGTERM)
+    ends = time.monotonic() + grace
+    for process in left:
+        while alive(process) and time.monotonic() < ends:
+            time.sleep(0.05)  # a bounded wait for it to end by itself
+    kill(set(left))
+    return left
+
+
 @pytest.fixture(scope="session")
 def started_processes() -> Iterator[set[Process]]:
-    """Every process the session starts, recorded as the tests go (:func:`record`), ended at
+    """Every process the session starts, recorded as the tests go (:func:`record_processes`), ended at
     the session's end if still alive."""
     recorded: set[Process] = set()
     yield recorded

@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import pyarrow.parquet as pq
 import pytest
-from fleet_processes import descendants
 
 from pipelines.dms.config import CameraFile, DeviceKind, Mode, ServiceConfig
 from pipelines.dms.fleet import (
@@ -27,6 +26,7 @@ from pipelines.dms.fleet import (
     plan_fleet,
     run_fleet,
 )
+from pipelines.dms.fleet.processes import descendants
 from pipelines.dms.service import DmsService
 from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, partial_path
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,6 +18,7 @@ import pytest
 from conftest import cluster_address
 
 from pipelines.dms.fleet import RunDirectory
+from pipelines.dms.fleet.processes import alive, descendants
 from pipelines.dms.sinks_parquet import partial_path
 
 pytestmark = pytest.mark.timeout(240)
@@ -164,3 +166,40 @@ def test_the_readme_fleet_example_runs_on_a_local_cluster_of_its_own(recordings,
     assert statuses.endswith("['complete', 'complete']")
     assert 0 < float(share.split()[0]) <= 1
     assert pq.read_table(tmp_path / "runs" / "v2" / "frames").num_rows == 24 + 30
+
+
+def test_a_second_signal_ends_the_fleet_at_once_and_its_local_clusters_processes_with_it(
+    recordings, tmp_path
+):
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        fleet_command(str(recordings["long"]), "--out", str(out), "--workers", "1"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        frames_file = RunDirectory(out).frames("long.dmsrec")
+        for _ in range(1200):  # until its worker has begun the replay (60 s at most)
+            if partial_path(frames_file).exists() or process.poll() is not None:
+                break
+            try:
+                process.wait(0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        started = descendants(process.pid)
+        assert any(p.command.startswith("ray::ReplayWorker") for p in started), started
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(0.3)  # longer than a signal's echo: the next one is a second signal
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    ends = time.monotonic() + 10  # each is killed, then reaped by whichever is its parent
+    while any(alive(p) for p in started) and time.monotonic() < ends:
+        time.sleep(0.05)
+    assert not [p for p in started if alive(p)], sorted(p.command[:30] for p in started)

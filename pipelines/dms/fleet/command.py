@@ -30,6 +30,7 @@ from .cluster import ClusterError
 from .driver import FleetProgress, run_fleet
 from .inputs import find_recordings
 from .plan import FleetOptions, plan_fleet
+from .processes import descendants, kill
 from .summary import format_fleet
 
 __all__ = ["FLEET_DEFAULTS", "FLEET_FIXED", "add_fleet_arguments", "fleet"]
@@ -210,7 +211,7 @@ def fleet(args: argparse.Namespace, stopping: Stopping) -> int:
     stop = threading.Event()
     line = _ProgressLine() if sys.stderr.isatty() else None
     try:
-        with stopping.calling(stop.set):
+        with stopping.calling(stop.set, at_exit=lambda: kill(descendants())):
             result = run_fleet(plan, stop=stop, progress=line)
     except ClusterError as exc:
         print(f"{command}: {exc}", file=sys.stderr)

@@ -1,14 +1,18 @@
-"""The processes a test session started, found through ``/proc`` (Linux), so that what Ray
-leaves behind is ended by the session — those processes, and no other (never a machine-wide
-``ray stop``, which would end other users' Ray processes)."""
+"""The processes this process started, found through ``/proc`` (Linux): a local Ray cluster's,
+so that they can be ended — those, and no other (never a machine-wide ``ray stop``, which would
+end other users' Ray processes) — where Ray cannot end them itself (the command's second signal
+ends the process at once) and where a test session ends.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+__all__ = ["Process", "alive", "descendants", "kill"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,11 @@ def _command(pid: int) -> str:
 
 
 def descendants(root: int | None = None) -> set[Process]:
-    """Every process below ``root`` (this one by default), as it is now."""
+    """Every process below ``root`` (this one by default), as it is now (none where there is
+    no ``/proc``)."""
     root = os.getpid() if root is None else root
+    if not os.path.isdir("/proc"):
+        return set()
     parents: dict[int, list[int]] = {}
     started: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -70,17 +77,9 @@ def alive(process: Process) -> bool:
     return state != "Z"
 
 
-def end(processes: set[Process], grace: float = 5.0) -> list[Process]:
-    """End ``processes`` that are still alive: SIGTERM, then SIGKILL after ``grace`` seconds;
-    the ones that had to be ended."""
-    left = [p for p in processes if alive(p)]
-    for process in left:
-        os.kill(process.pid, signal.SIGCONT)  # a stopped one handles its SIGTERM
-        os.kill(process.pid, signal.SIGTERM)
-    ends = time.monotonic() + grace
-    for process in left:
-        while alive(process) and time.monotonic() < ends:
-            time.sleep(0.05)  # teardown: a bounded wait for the process to end by itself
+def kill(processes: set[Process]) -> None:
+    """SIGKILL ``processes`` that are still alive."""
+    for process in processes:
         if alive(process):
-            os.kill(process.pid, signal.SIGKILL)
-    return left
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGKILL)
