@@ -16,6 +16,7 @@ from pipelines.dms.fleet import (
     find_recordings,
     fleet_config,
     plan_fleet,
+    run_fleet,
 )
 from pipelines.dms.fleet.layout import replay_settings
 from pipelines.dms.fleet.summary import percentiles, recording_summary
@@ -184,3 +185,20 @@ def test_a_recordings_summary_counts_the_drives_time_by_state_and_reason_kind():
 def test_percentiles_of_nothing_are_null():
     assert percentiles([]) == {"p50": None, "p90": None, "p99": None, "max": None}
     assert percentiles([float("nan"), 1.0])["max"] == 1.0
+
+
+def test_a_run_with_every_recording_done_already_starts_no_cluster(tmp_path):
+    import pyarrow.parquet as pq
+
+    recordings = find_recordings([ours(tmp_path / "a.dmsrec")])
+    out = RunDirectory(tmp_path / "run")
+    out.frames("a.dmsrec").parent.mkdir(parents=True)
+    pq.write_table(
+        frames_table([("available", None, True)] * 4, 50_000_000), out.frames("a.dmsrec")
+    )
+    out.write_run({"settings": replay_settings(CONFIG)})
+    result = run_fleet(plan_fleet(recordings, FleetOptions(out.root, CONFIG)))
+    assert result.summary["resumed"] == result.summary["complete"] == 1
+    assert result.summary["frames"] == 4 and result.summary["clusterStartSeconds"] is None
+    assert json.loads(out.run_file.read_text())["state"] == "complete"
+    assert pq.read_table(out.recordings_table)["frames"].to_pylist() == [4]

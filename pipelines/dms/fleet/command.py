@@ -225,6 +225,6 @@ def fleet(args: argparse.Namespace, stopping: Stopping) -> int:
     print(format_fleet(result.summary, result.recordings), flush=True)
     if result.interrupted:
         return ExitCode.INTERRUPTED
-    if result.summary["failed"]:
+    if any(s["status"] == "failed" for s in result.recordings):
         return ExitCode.SOME_FAILED
     return ExitCode.OK

@@ -22,13 +22,13 @@ As it ends, however it ends, ``fleet.json`` and ``recordings.parquet`` are writt
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..run_summary import utc_now
@@ -67,9 +67,13 @@ class FleetProgress:
 
 @dataclass
 class FleetResult:
+    """A run's end: every recording's summary (both models' with a baseline), the fleet's
+    summary of the model's recordings and of the baseline's."""
+
     recordings: list[RecordingSummary]
     summary: FleetSummary
     interrupted: bool
+    baseline: FleetSummary | None = None
     first_handed_out: float | None = None
     last_row_written: float | None = None
     """``time.monotonic()`` when the first recording was handed out, and when the last result
@@ -261,6 +265,8 @@ def run_fleet(
         raise ClusterError(
             f"--workers {options.workers}: this machine has {local_cpus()} CPUs for a local cluster"
         )
+    if not plan.tasks:  # every recording was replayed by the run resumed: nothing to start
+        return _written(plan, _Driver(plan, [], stop, progress), "complete", started_at, None)
     cluster = cluster or FleetCluster(options.address)
     with cluster if own else _nothing():
         cpus = cluster.cpus()
@@ -269,18 +275,21 @@ def run_fleet(
             raise ClusterError(f"--workers {workers}: the cluster has {cpus} CPUs")
         for kind, run in plan.runs.items():
             run.write_run(_document(plan, kind, "running", started_at, [], None))
-        driver = _Driver(plan, _actors(min(workers, max(len(plan.tasks), 1))), stop, progress)
+        driver = _Driver(plan, _actors(min(workers, len(plan.tasks))), stop, progress)
         try:
             complete = driver.run()
+        except BaseException:  # a fault of ours, or the cluster lost: said so, then raised
+            with contextlib.suppress(Exception):
+                _written(plan, driver, "failed", started_at, cluster.start_seconds)
+            raise
         finally:
             if not own or stop.is_set():
                 _end(driver)
-    return _written(plan, driver, not complete, started_at, cluster.start_seconds)
+    state = "complete" if complete else "interrupted"
+    return _written(plan, driver, state, started_at, cluster.start_seconds)
 
 
 def _nothing() -> Any:
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -303,7 +312,7 @@ def _end(driver: _Driver) -> None:
 def _written(
     plan: FleetPlan,
     driver: _Driver,
-    interrupted: bool,
+    state: str,
     started_at: str,
     cluster_seconds: float | None,
 ) -> FleetResult:
@@ -312,27 +321,30 @@ def _written(
     order = {recording.name: at for at, recording in enumerate(plan.recordings)}
     recordings = sorted(plan.resumed + driver.results, key=lambda s: order[s["recording"]])
     seconds = driver.last - driver.first if driver.first and driver.last else None
-    frames_files = [
-        plan.runs[s["model"]].frames(s["recording"]) for s in recordings
-        if s["status"] == "complete" and s["model"] == "model"
-    ]  # fmt: skip
-    fleet = fleet_summary(
-        recordings,
-        frames_files,
-        resumed=len(plan.resumed),
-        replay_seconds=seconds,
-        replayed_frames=driver.frames,
-        cluster_start_seconds=cluster_seconds,
-    )
-    state = "interrupted" if interrupted else "complete"
+    summaries: dict[str, FleetSummary] = {}
     for kind, run in plan.runs.items():
         own = [s for s in recordings if s["model"] == kind]
-        pq.write_table(summary_table(own), str(run.recordings_table) + ".partial")
-        Path(str(run.recordings_table) + ".partial").replace(run.recordings_table)
-        run.write_run(
-            _document(plan, kind, state, started_at, own, fleet if kind == "model" else None)
+        complete = [run.frames(s["recording"]) for s in own if s["status"] == "complete"]
+        summaries[kind] = fleet_summary(
+            own,
+            complete,
+            resumed=sum(1 for s in plan.resumed if s["model"] == kind),
+            replay_seconds=seconds,
+            replayed_frames=driver.frames,
+            cluster_start_seconds=cluster_seconds,
         )
-    return FleetResult(recordings, fleet, interrupted, driver.first, driver.last)
+        partial = run.root / f".{run.recordings_table.name}.partial"
+        pq.write_table(summary_table(own), partial)
+        partial.replace(run.recordings_table)
+        run.write_run(_document(plan, kind, state, started_at, own, summaries[kind]))
+    return FleetResult(
+        recordings,
+        summaries["model"],
+        state == "interrupted",
+        summaries.get("baseline"),
+        driver.first,
+        driver.last,
+    )
 
 
 def _document(

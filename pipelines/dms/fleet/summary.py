@@ -88,8 +88,8 @@ class FleetSummary(TypedDict):
     modelExecutionMs: Percentiles
     frameAgeMs: Percentiles
     framesPerSecond: float | None
-    """Frames replayed by this run over the seconds from its first recording handed out to its
-    last row written."""
+    """Frames replayed by this run (of every model) over the seconds from its first recording
+    handed out to its last row written."""
     replaySeconds: float | None
     clusterStartSeconds: float | None
 
@@ -204,9 +204,7 @@ def fleet_summary(
         interrupted=status["interrupted"],
         resumed=resumed,
         failures={
-            f"{summary['recording']} ({summary['model']})"
-            if summary["model"] != "model"
-            else summary["recording"]: summary["reason"] or summary["status"]
+            summary["recording"]: summary["reason"] or summary["status"]
             for summary in recordings
             if summary["status"] != "complete"
         },
@@ -267,7 +265,8 @@ def _quantiles(values: Percentiles) -> str:
 
 def format_fleet(fleet: FleetSummary, recordings: list[RecordingSummary], shown: int = 20) -> str:
     """The fleet's summary as the command prints it: the fleet's figures, the first ``shown``
-    recordings (the ones not complete first), the failed ones with their reasons."""
+    of ``recordings`` (the ones not complete first), the ones not complete with their reasons
+    (every one, of every model)."""
     share = fleet["validShare"]
     rate = fleet["framesPerSecond"]
     lines = [
@@ -298,8 +297,11 @@ def format_fleet(fleet: FleetSummary, recordings: list[RecordingSummary], shown:
         )
     if len(ordered) > shown:
         lines.append(f"  ... and {len(ordered) - shown} more (recordings.parquet)")
-    for name, reason in fleet["failures"].items():
-        lines.append(f"  not complete: {name}: {reason}")
+    for summary in recordings:
+        if summary["status"] != "complete":
+            which = "" if summary["model"] == "model" else f" ({summary['model']})"
+            reason = summary["reason"] or summary["status"]
+            lines.append(f"  not complete: {summary['recording']}{which}: {reason}")
     return "\n".join(lines)
 
 
