@@ -156,7 +156,10 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
         commands.add_parser(
             "report",
             help="pictures of a run from its JSON lines (availability, frame age and latency, "
-            "invalid frames by kind, detection and recovery per fault) and a page showing them",
+            "invalid frames by kind, detection and recovery per fault), or of a fleet run "
+            "directory (valid share per recording, time away from available by reason kind, "
+            "model time) and its comparison of two models (differences per field, decision "
+            "flips per recording), and a page showing them",
         )
     )
     return parser

@@ -22,6 +22,7 @@ from report_runs import GPU_HANG, lines
 
 from pipelines.cli import _parser, main
 from pipelines.dms.config import ServiceConfig
+from pipelines.dms.fleet.compare_command import compare_command, compare_parser
 from pipelines.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,3 +336,44 @@ def test_a_bad_report_option_is_one_line_and_exit_code_2(flag, values, paths, ca
     assert len(lines_out) == 1 and lines_out[0].startswith("aio-dms"), (argv, captured.err)
     assert "Traceback" not in captured.err and not captured.out
     assert not (tmp_path / "out").exists()
+
+
+# aio-dms fleet compare's options (its inputs' bad forms: tests/test_fleet_compare.py). {garbage}
+# is a file that exists, {frames} the frames folder of the candidate run.
+BAD_FLEET_COMPARE_OPTIONS: dict[str, list[list[str]]] = {
+    "--out": [[""], ["{garbage}"], ["{garbage}/sub"], ["{frames}"], ["{frames}/r"]],
+}
+
+
+def test_every_option_of_fleet_compare_has_bad_values_in_the_table():
+    parser = compare_parser()
+    flags = {
+        flag
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+    missing = sorted(flags - set(BAD_FLEET_COMPARE_OPTIONS))
+    assert not missing, f"fleet compare: options without bad values: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "values"),
+    [(flag, values) for flag, table in BAD_FLEET_COMPARE_OPTIONS.items() for values in table],
+    ids=lambda v: str(v),
+)
+def test_a_bad_fleet_compare_option_is_one_line_and_exit_code_2(
+    flag, values, paths, capsys, tmp_path
+):
+    from fleet_runs import frames, write_run  # pyarrow: for this test only
+
+    a = write_run(tmp_path / "a", [frames("r", range(2))])
+    b = write_run(tmp_path / "b", [frames("r", range(2))])
+    given = [value.format(**paths, frames=b / "frames") for value in values]
+    code = compare_command([str(a), str(b), flag, *given])
+    captured = capsys.readouterr()
+    lines_out = captured.err.splitlines()
+    assert code == ExitCode.REFUSED, (values, captured.err)
+    assert len(lines_out) == 1 and lines_out[0].startswith("aio-dms fleet compare: "), lines_out
+    assert "Traceback" not in captured.err and not captured.out
+    assert not (b / "comparison").exists()

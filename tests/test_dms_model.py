@@ -11,6 +11,7 @@ import copyreg
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import pickletools
@@ -59,6 +60,7 @@ from pipelines.dms.reference_model import (
     REFERENCE_CHECKPOINT,
     REFERENCE_SLICES,
     build_reference_model,
+    build_shifted_model,
     build_stalling_model,
     default_cache_dir,
     reference_model_macs,
@@ -862,3 +864,31 @@ async def test_an_onnxruntime_error_is_a_typed_model_fault(tmp_path):
     with anyio.fail_after(10), pytest.raises(ModelRunFailed, match=r"\[model\] onnxruntime: "):
         await runner.run(IMAGE, CALIB, timeout=5.0)
     assert runner.statistics().failed == 1
+
+
+def test_a_shifted_model_moves_only_its_head_and_names_it():
+    reference, shifted = build_reference_model(), build_shifted_model("face_prob_lhd", 0.5)
+    biases = [
+        next(t for t in m.graph.initializer if t.name == "fc2.bias") for m in (reference, shifted)
+    ]
+    before, after = (np.frombuffer(b.raw_data, np.float32) for b in biases)
+    head = REFERENCE_SLICES["face_prob_lhd"]
+    assert np.all(after[head] == before[head] + np.float32(0.5))
+    assert np.array_equal(np.delete(after, head), np.delete(before, head))
+    checkpoint = {e.key: e.value for e in shifted.metadata_props}["model_checkpoint"]
+    assert "face_prob_lhd shifted by +0.5" in checkpoint
+
+
+@pytest.mark.parametrize(
+    ("head", "shift"),
+    [
+        ("features", 1.0),
+        ("nose_prob", 1.0),
+        ("face_prob_lhd", math.nan),
+        ("face_prob_lhd", math.inf),
+        ("face_prob_lhd", True),
+    ],
+)
+def test_a_shifted_model_of_an_unknown_head_or_shift_is_refused(head, shift):
+    with pytest.raises(ValueError, match=r"^(head|shift): expected"):
+        build_shifted_model(head, shift)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from aio_runtime import Availability
@@ -154,3 +155,33 @@ def test_a_value_that_is_not_finite_is_an_infinite_difference_beyond_any_toleran
         record["maxAbsDifference"] is None and record["fields"]["left.faceProb"]["maxAbs"] is None
     )
     json.dumps(record, allow_nan=False)  # the document can be written
+
+
+def _random_side(rng: np.random.Generator, count: int) -> dict[str, object]:
+    """Values around each rule's thresholds, so that every decision goes both ways."""
+    return {
+        "faceOrientation": [rng.uniform(-1, 1, count) for _ in range(3)],
+        "facePosition": [rng.uniform(-0.3, 0.3, count) for _ in range(2)],
+        **{
+            name: rng.uniform(0, 1, count)
+            for name in ("faceProb", "leftEyeProb", "rightEyeProb", "sunglassesProb", "phoneProb")
+        },
+        "leftBlinkProb": rng.uniform(0.7, 1, count),
+        "rightBlinkProb": rng.uniform(0.7, 1, count),
+    }
+
+
+def test_the_decisions_over_many_frames_are_those_of_each_frame():
+    rng = np.random.default_rng(7)
+    count = 400
+    data = _random_side(rng, count)
+    right = rng.uniform(0, 1, count) > 0.5
+    many = policy.decision_arrays(data, right_hand=right)
+    for at in range(count):
+        one = {
+            name: [float(v[at]) for v in value] if isinstance(value, list) else float(value[at])
+            for name, value in data.items()
+        }
+        expected = policy.decisions(one, right_hand=bool(right[at]))
+        assert tuple(bool(many[name][at]) for name in policy.DECISIONS) == expected, at
+    assert all(0 < many[name].sum() < count for name in policy.DECISIONS)  # each went both ways

@@ -56,6 +56,7 @@ __all__ = [
     "REFERENCE_SEED",
     "REFERENCE_SLICES",
     "build_reference_model",
+    "build_shifted_model",
     "build_stalling_model",
     "default_cache_dir",
     "reference_model_macs",
@@ -222,6 +223,35 @@ def build_reference_model(seed: int = REFERENCE_SEED, *, check: bool = True) -> 
         f"random weights (seed {seed}); its outputs carry no information about the driver.",
         check=check,
     )
+
+
+def build_shifted_model(
+    head: str, shift: float, seed: int = REFERENCE_SEED, *, check: bool = True
+) -> onnx.ModelProto:
+    """The reference model of ``seed`` with the bias of one output head moved by ``shift``: every
+    value of ``head`` (a name of :data:`REFERENCE_SLICES` other than the features) comes out
+    ``shift`` larger, the rest of the output as the reference model's. A probability head's
+    published value becomes ``sigmoid(logit + shift)``, so which frames cross a threshold is
+    known from the reference model's own outputs: a second model for comparisons whose
+    differences are known. :class:`ValueError` for another head name or a shift that is not a
+    finite number."""
+    if head not in REFERENCE_SLICES or head == FEATURES_HEAD:
+        heads = sorted(name for name in REFERENCE_SLICES if name != FEATURES_HEAD)
+        raise ValueError(f"head: expected one of {heads}, got {head!r}")
+    if isinstance(shift, bool) or not isinstance(shift, int | float) or not np.isfinite(shift):
+        raise ValueError(f"shift: expected a finite number, got {shift!r}")
+    model = build_reference_model(seed, check=False)
+    bias = next(tensor for tensor in model.graph.initializer if tensor.name == "fc2.bias")
+    values = numpy_helper.to_array(bias).copy()
+    values[REFERENCE_SLICES[head]] += np.float32(shift)
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    checkpoint = f"aio-dms reference (seed {seed}, {head} shifted by {shift:+g})"
+    for entry in model.metadata_props:
+        if entry.key == "model_checkpoint":
+            entry.value = checkpoint
+    if check:
+        onnx.checker.check_model(model)
+    return model
 
 
 def build_stalling_model(matmuls: int = 400, size: int = 512) -> onnx.ModelProto:

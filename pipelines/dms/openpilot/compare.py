@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..messages import DRIVER_FIELDS, DriverStateV2
-from .policy import DECISIONS, decisions
+from .policy import DECISIONS, WHEEL_ON_RIGHT_THRESHOLD, decisions
 
 __all__ = ["Comparison", "FieldDifference", "compare", "flatten"]
 
 SIDES = (("left", "leftDriverData"), ("right", "rightDriverData"))
-_WHEEL_POSITION = 0.5
 
 
 def flatten(state: DriverStateV2 | Any) -> dict[str, float] | None:
@@ -168,7 +167,7 @@ def compare(
                 difference = math.inf
             sums[column] += difference
             maxima[column] = max(maxima[column], difference)
-        side = "right" if b["wheelOnRightProb"] > _WHEEL_POSITION else "left"
+        side = "right" if b["wheelOnRightProb"] > WHEEL_ON_RIGHT_THRESHOLD else "left"
         right_hand = side == "right"
         mine = decisions(_side(a, side), right_hand=right_hand)
         reference = decisions(_side(b, side), right_hand=right_hand)

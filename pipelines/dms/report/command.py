@@ -1,9 +1,15 @@
-"""``aio-dms report RUN.jsonl -o DIR``: a run's pictures and a page that shows them.
+"""``aio-dms report INPUT -o DIR``: a run's pictures, or a fleet's, and a page that shows them.
+
+``INPUT`` is the JSON lines of a run or replay, or a directory of a fleet (:mod:`.fleet`): a
+fleet run directory (its ``frames/``; with its ``comparison/`` where there is one) or a
+comparison directory (its ``comparison.json``).
 
 Everything is checked before anything is written: the input is a readable file of JSON lines
-with at least one message; ``DIR`` is a directory or can be made one; ``--budget`` is a budget
-the service would take. A refusal is one line and :attr:`~pipelines.exit_codes.ExitCode.REFUSED`.
-matplotlib is imported only once the input has been read.
+with at least one message, or a fleet directory whose files can be read; ``DIR`` is a directory
+or can be made one; ``--budget`` is a budget the service would take, ``--run`` a run the file
+holds (both for JSON lines only). A refusal is one line and
+:attr:`~pipelines.exit_codes.ExitCode.REFUSED`. matplotlib is imported only once the input has
+been read.
 """
 
 from __future__ import annotations
@@ -37,7 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``aio-dms report``'s arguments."""
     from ..config import ServiceConfig
 
-    parser.add_argument("input", metavar="RUN.jsonl", help="the JSON lines of a run or replay")
+    parser.add_argument(
+        "input", metavar="INPUT",
+        help="the JSON lines of a run or replay; or a fleet run directory (its frames/, and its "
+        "comparison/ where there is one); or a fleet comparison directory (its comparison.json)",
+    )  # fmt: skip
     parser.add_argument(
         "-o", "--output", metavar="DIR", required=True,
         help="the directory to write index.html and the pictures to (made if missing; files "
@@ -45,12 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--budget", metavar="SECONDS",
-        help="the frame budget drawn on the latency picture, where the messages do not carry "
-        f"theirs (default: the service's, {ServiceConfig().budget:g})",
+        help="JSON lines: the frame budget drawn on the latency picture, where the messages do "
+        f"not carry theirs (default: the service's, {ServiceConfig().budget:g})",
     )  # fmt: skip
     parser.add_argument(
-        "--run", metavar="N", help="which run of a file holding several (one per run id, or "
-        "per restart of the sequence numbers), from 1 (default: the last)",
+        "--run", metavar="N", help="JSON lines: which run of a file holding several (one per "
+        "run id, or per restart of the sequence numbers), from 1 (default: the last)",
     )  # fmt: skip
 
 
@@ -135,10 +145,37 @@ def _notes(reading: Reading, runs: int, chosen: int) -> list[str]:
     return notes
 
 
+def _fleet_report(args: argparse.Namespace, command: str) -> int:
+    """``aio-dms report`` of a fleet directory: the exit code."""
+    from .fleet import read_fleet_inputs, write_fleet_report
+
+    try:
+        for flag, given in (("--budget", args.budget), ("--run", args.run)):
+            if given is not None:
+                raise ValueError(f"{flag} is for JSON lines, not a fleet directory")
+        output = Path(args.output)
+        check_output(output)
+        inputs = read_fleet_inputs(Path(args.input))
+    except ValueError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return ExitCode.REFUSED
+    try:
+        written = write_fleet_report(inputs, output, source=Path(args.input).resolve().name)
+    except OSError as exc:
+        print(f"{command}: cannot write the report: {exc}", file=sys.stderr)
+        return ExitCode.FAILED
+    print(written[-1])
+    return ExitCode.OK
+
+
 def report(args: argparse.Namespace) -> int:
     """``aio-dms report``: the exit code; the page's path on standard output, what was left out
     of the input on standard error."""
     command = "aio-dms report"
+    from .fleet import is_fleet_input
+
+    if Path(args.input).is_dir() and is_fleet_input(Path(args.input)):
+        return _fleet_report(args, command)
     try:
         budget = _budget(args.budget)
         output = Path(args.output)
