@@ -247,6 +247,15 @@ def _missing_fleet_dependency() -> str | None:
     return next((module for module in ("pyarrow", "ray") if not _installed(module)), None)
 
 
+def _needs_fleet() -> int:
+    print(
+        "aio-dms fleet: fleet replays need the fleet extra, which is not installed (no module "
+        f"named {_missing_fleet_dependency()!r}): {FLEET_EXTRA}",
+        file=sys.stderr,
+    )
+    return ExitCode.REFUSED
+
+
 def _installed(module: str) -> bool:
     """Whether ``module`` can be imported (found, not imported: the report imports it only once
     its input has been read)."""
@@ -269,6 +278,12 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     missing = _missing_dms_dependency()
     if missing is not None and argv and argv[0] in _DMS_COMMANDS:
         return _needs_extra(argv[0], missing)
+    if argv[:2] == ["fleet", "compare"] and missing is None:
+        if _missing_fleet_dependency() is not None:
+            return _needs_fleet()
+        from .dms.fleet.compare_command import compare_command
+
+        return compare_command(argv[2:])
     parser = _parser(with_dms=missing is None)
     if not argv:
         parser.print_usage(sys.stderr)
@@ -285,14 +300,8 @@ def _main(argv: list[str], stopping: Stopping) -> int:
 
         return record(args, stopping)
     if args.command == "fleet":
-        missing = _missing_fleet_dependency()
-        if missing is not None:
-            print(
-                f"aio-dms fleet: fleet replays need the fleet extra, which is not installed "
-                f"(no module named {missing!r}): {FLEET_EXTRA}",
-                file=sys.stderr,
-            )
-            return ExitCode.REFUSED
+        if _missing_fleet_dependency() is not None:
+            return _needs_fleet()
         from .dms.fleet.command import fleet
 
         return fleet(args, stopping)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -27,6 +28,8 @@ from pipelines.dms.fleet import (
     run_fleet,
 )
 from pipelines.dms.fleet.processes import descendants
+from pipelines.dms.openpilot.policy import WHEEL_ON_RIGHT_THRESHOLD
+from pipelines.dms.reference_model import build_reference_model, build_shifted_model, write_model
 from pipelines.dms.service import DmsService
 from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, partial_path
 
@@ -245,3 +248,43 @@ def test_more_workers_than_the_cluster_has_cpus_are_refused(ray_cluster, recordi
     with pytest.raises(ClusterError, match="--workers 3: the cluster has 2 CPUs"):
         run_fleet(plan, cluster=ray_cluster)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_baseline_model_is_replayed_beside_and_the_flips_of_a_shifted_head_are_counted(
+    ray_cluster, recordings, tmp_path
+):
+    """The model under test is the reference model with its left-hand phone head's bias moved
+    by -20: exactly the frames where openpilot monitors the left side and the reference model's
+    phone probability is above 0.5 flip the phone decision; nothing else moves."""
+    reference = write_model(build_reference_model(), tmp_path / "reference.onnx")
+    shifted = write_model(build_shifted_model("using_phone_prob_lhd", -20.0), tmp_path / "s.onnx")
+    out = tmp_path / "run"
+    plan = plan_fleet(
+        find_recordings([recordings["a"], recordings["b"]]),
+        FleetOptions(out, fleet_config(model=shifted), baseline_model=reference, workers=2),
+    )
+    result = run_fleet(plan, cluster=ray_cluster)
+    assert [(s["recording"], s["model"], s["status"]) for s in result.recordings] == [
+        ("a.dmsrec", "model", "complete"), ("a.dmsrec", "baseline", "complete"),
+        ("b.dmsrec", "model", "complete"), ("b.dmsrec", "baseline", "complete"),
+    ]  # fmt: skip
+    assert result.summary["frames"] == result.baseline["frames"] == 24 + 30
+    baseline = pq.read_table(out / "baseline" / "frames")
+    left = baseline["wheelOnRightProb"].to_numpy() <= WHEEL_ON_RIGHT_THRESHOLD
+    phone = baseline["left.phoneProb"].to_numpy().astype(np.float64)
+    logits = np.log(phone) - np.log1p(-phone)
+    flipped = left & ((logits > 0) != (logits - 20.0 > 0))
+    assert flipped.any()
+    comparison = result.comparison
+    assert comparison is not None
+    assert comparison.flip_shares["phone"] == pytest.approx(flipped.sum() / len(flipped))
+    assert {name: share for name, share in comparison.flip_shares.items() if name != "phone"} == {
+        "faceDetected": 0.0, "eyesClosed": 0.0, "distractedPose": 0.0,
+    }  # fmt: skip
+    assert {f.field for f in comparison.fields if f.max_abs > 0} == {"left.phoneProb"}
+    written = pq.read_table(out / "comparison" / "recordings.parquet").to_pydict()
+    names = baseline["recording"].to_numpy(zero_copy_only=False)
+    by_recording = dict(zip(written["recording"], written["flips.phone"], strict=True))
+    assert by_recording == {
+        name: int(flipped[names == name].sum()) for name in ("a.dmsrec", "b.dmsrec")
+    }

@@ -223,6 +223,9 @@ def fleet(args: argparse.Namespace, stopping: Stopping) -> int:
         if line is not None:
             line.close()
     print(format_fleet(result.summary, result.recordings), flush=True)
+    if result.comparison is not None:
+        print(f"\nbaseline model against the model ({plan.runs['model'].comparison_dir})")
+        print(result.comparison.table(), flush=True)
     if result.interrupted:
         return ExitCode.INTERRUPTED
     if any(s["status"] == "failed" for s in result.recordings):

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..run_summary import utc_now
 from .cluster import ClusterError, FleetCluster, local_cpus
+from .compare import FleetComparison, compare_runs, write_comparison
 from .layout import LAYOUT_VERSION
 from .plan import FleetPlan
 from .summary import (
@@ -68,12 +69,15 @@ class FleetProgress:
 @dataclass
 class FleetResult:
     """A run's end: every recording's summary (both models' with a baseline), the fleet's
-    summary of the model's recordings and of the baseline's."""
+    summary of the model's recordings and of the baseline's, and the comparison."""
 
     recordings: list[RecordingSummary]
     summary: FleetSummary
     interrupted: bool
     baseline: FleetSummary | None = None
+    comparison: FleetComparison | None = None
+    """With a baseline model, and the run complete: the two models compared (written to
+    ``comparison/``)."""
     first_handed_out: float | None = None
     last_row_written: float | None = None
     """``time.monotonic()`` when the first recording was handed out, and when the last result
@@ -319,7 +323,9 @@ def _written(
     import pyarrow.parquet as pq
 
     order = {recording.name: at for at, recording in enumerate(plan.recordings)}
-    recordings = sorted(plan.resumed + driver.results, key=lambda s: order[s["recording"]])
+    recordings = sorted(
+        plan.resumed + driver.results, key=lambda s: (order[s["recording"]], s["model"] != "model")
+    )
     seconds = driver.last - driver.first if driver.first and driver.last else None
     summaries: dict[str, FleetSummary] = {}
     for kind, run in plan.runs.items():
@@ -337,11 +343,16 @@ def _written(
         pq.write_table(summary_table(own), partial)
         partial.replace(run.recordings_table)
         run.write_run(_document(plan, kind, state, started_at, own, summaries[kind]))
+    comparison = None
+    if "baseline" in plan.runs and state == "complete":
+        comparison = compare_runs(plan.runs["baseline"].root, plan.runs["model"].root)
+        write_comparison(comparison, plan.runs["model"].comparison_dir)
     return FleetResult(
         recordings,
         summaries["model"],
         state == "interrupted",
         summaries.get("baseline"),
+        comparison,
         driver.first,
         driver.last,
     )

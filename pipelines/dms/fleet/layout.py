@@ -34,6 +34,7 @@ from typing import Any
 from ..config import ServiceConfig
 from ..reference_model import reference_model_path
 from ..run_summary import write_json_document
+from .run_frames import FRAMES_DIR
 
 __all__ = [
     "FRAMES_FILE",
@@ -83,7 +84,7 @@ class RunDirectory:
 
     @property
     def frames_dir(self) -> Path:
-        return self.root / "frames"
+        return self.root / FRAMES_DIR
 
     @property
     def baseline(self) -> RunDirectory:

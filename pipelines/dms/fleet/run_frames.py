@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..sinks_parquet import FLEET_EXTRA, parquet_schema
+from ...extras import FLEET_EXTRA
+from ..sinks_parquet import parquet_schema
 
 __all__ = ["FRAMES_DIR", "frame_files", "is_run_directory", "read_frames"]
 
