@@ -51,6 +51,8 @@ bench: setup
 	$(PY) -m benchmarks.soak
 	$(PY) -m benchmarks.embed
 	$(PY) -m benchmarks.segment
+	$(PY) -m benchmarks.fleet
+	$(PY) -m benchmarks.fleet_compare
 
 check: setup
 	$(PY) -m ruff check aio_runtime transports pipelines tests benchmarks examples scripts

@@ -64,6 +64,9 @@ class RecordingSummary(TypedDict):
     frameAgeMs: Percentiles
     replaySeconds: float | None
     """Wall-clock seconds of the replay that completed it (null: resumed, or not complete)."""
+    startSeconds: float | None
+    """Of those, the seconds the service took to start (the recording opened, the model
+    loaded) before its first frame."""
     cpuSeconds: float | None
     """CPU seconds its worker's process spent on that replay."""
     worker: str | None
@@ -145,6 +148,7 @@ def recording_summary(table: Any, **facts: Any) -> RecordingSummary:
         modelExecutionMs=percentiles(_ms(table.column("modelExecutionTime"))),
         frameAgeMs=percentiles(_ms(table.column("frameAge"))),
         replaySeconds=facts.get("replaySeconds"),
+        startSeconds=facts.get("startSeconds"),
         cpuSeconds=facts.get("cpuSeconds"),
         worker=facts.get("worker"),
     )
@@ -169,6 +173,7 @@ def failed_summary(recording: str, path: str, **facts: Any) -> RecordingSummary:
         modelExecutionMs=empty,
         frameAgeMs=empty,
         replaySeconds=None,
+        startSeconds=None,
         cpuSeconds=None,
         worker=facts.get("worker"),
     )
@@ -253,7 +258,8 @@ def _schema(pa: Any) -> Any:
         ("unavailableSeconds", seconds), ("degradedSeconds", seconds),
         *((f"modelExecutionMs.{q}", number) for q in ("p50", "p90", "p99", "max")),
         *((f"frameAgeMs.{q}", number) for q in ("p50", "p90", "p99", "max")),
-        ("replaySeconds", number), ("cpuSeconds", number), ("worker", text),
+        ("replaySeconds", number), ("startSeconds", number), ("cpuSeconds", number),
+        ("worker", text),
     ]  # fmt: skip
     return pa.schema(fields)
 

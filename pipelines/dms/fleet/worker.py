@@ -105,6 +105,7 @@ class ReplayWorker:
             service = DmsService(config, recording=task.recording, row_group=task.row_group)
             self._service = service
             async with service:
+                facts["startSeconds"] = time.monotonic() - started  # opened, model loaded
                 await service.finished()
         except StartupError as exc:
             return failed_summary(**facts, reason=str(exc))
