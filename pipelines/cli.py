@@ -140,6 +140,13 @@ def _parser(with_dms: bool = True) -> argparse.ArgumentParser:
         help="replay many recordings on a Ray cluster (a local one by default) into one "
         "Parquet dataset, with summaries; 'fleet compare RUN_A RUN_B' compares two runs"
         + (needs if needs else f" (needs the fleet extra: {FLEET_EXTRA})"),
+        description="Replay many recordings through the service's replay mode on a Ray "
+        "cluster, into one Parquet dataset (OUT/frames) with a summary a recording and for the "
+        "fleet (OUT/fleet.json, OUT/recordings.parquet). 'aio-dms fleet compare RUN_A RUN_B "
+        "[--out DIR]' compares two runs of the same recordings.",
+        epilog="Exit codes: 0 every recording complete, 1 the outputs could not be written, 2 "
+        "refused before work started (a cluster that cannot be had included), 4 some "
+        "recordings failed (each with its reason), 130 stopped by a signal.",
     )
     if with_dms:
         from .dms.fleet.command import add_fleet_arguments

@@ -210,8 +210,7 @@ class _Driver:
             ready, _ = ray.wait(flying, num_returns=len(flying), timeout=_CANCEL_GRACE)
             for ref in ready:
                 self._finished(ref)
-        for ref, running in list(self.running.items()):
-            running.killed = "stopped"
+        for ref, running in list(self.running.items()):  # past the grace: ended
             ray.kill(running.actor, no_restart=True)
             task = running.task
             self.results.append(
@@ -229,9 +228,6 @@ class _Driver:
                 )
             )  # fmt: skip
         self.pending.clear()
-        for summary in self.results:
-            if summary["status"] == "failed" and summary["reason"] == "stopped":
-                summary["status"] = "interrupted"
 
     def _show(self) -> None:
         if self.progress is None:

@@ -77,9 +77,10 @@ def plan_fleet(recordings: list[Recording], options: FleetOptions) -> FleetPlan:
     settings = {kind: replay_settings(config) for kind, config in models.items()}
     resumed: list[RecordingSummary] = []
     tasks: list[ReplayTask] = []
-    earlier = _earlier_summaries(main) if main.check(settings["model"]) else {}
-    if "baseline" in runs and runs["baseline"].check(settings["baseline"]) and not earlier:
-        earlier = _earlier_summaries(main)
+    earlier: dict[tuple[str, str], RecordingSummary] = {}
+    for kind, run in runs.items():  # each run directory's fleet.json holds its own model's
+        if run.check(settings[kind]):
+            earlier.update(_earlier_summaries(run))
     for recording in recordings:
         for kind, config in models.items():
             run = runs[kind]
