@@ -4,6 +4,7 @@ after Ray, without a cluster."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from pipelines.dms.fleet import (
     plan_fleet,
     run_fleet,
 )
-from pipelines.dms.fleet.layout import replay_settings
+from pipelines.dms.fleet.layout import recording_directory, replay_settings
 from pipelines.dms.fleet.summary import percentiles, recording_summary
 from pipelines.dms.recording import FILE_MAGIC
 from pipelines.dms.reference_model import build_reference_model, write_model
@@ -202,3 +203,18 @@ def test_a_run_with_every_recording_done_already_starts_no_cluster(tmp_path):
     assert result.summary["frames"] == 4 and result.summary["clusterStartSeconds"] is None
     assert json.loads(out.run_file.read_text())["state"] == "complete"
     assert pq.read_table(out.recordings_table)["frames"].to_pylist() == [4]
+
+
+def test_a_recordings_directory_is_its_name_quoted_never_hidden():
+    assert recording_directory("route-1/drive.dmsrec") == "route-1%2Fdrive.dmsrec"
+    assert recording_directory(".x") == "%2Ex"
+    assert recording_directory("_drafts/a b") == "%5Fdrafts%2Fa%20b"
+    assert urllib.parse.unquote(recording_directory("_drafts/a b")) == "_drafts/a b"
+
+
+def test_recordings_and_the_run_are_named_by_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ours(tmp_path / "a.dmsrec")
+    plan = plan_fleet(find_recordings(["a.dmsrec"]), FleetOptions(Path("run"), CONFIG))
+    (task,) = plan.tasks
+    assert Path(task.path).is_absolute() and Path(task.output).is_absolute()

@@ -16,9 +16,10 @@ Ray and pyarrow are the ``fleet`` extra's.
 from __future__ import annotations
 
 from .cluster import ClusterError, FleetCluster
-from .driver import FleetProgress, FleetResult, run_fleet
+from .driver import FleetProgress, run_fleet
 from .inputs import Recording, find_recordings
 from .layout import RunDirectory
+from .outputs import FleetResult
 from .plan import FleetOptions, FleetPlan, fleet_config, plan_fleet
 from .summary import FleetSummary, RecordingSummary
 

@@ -1,7 +1,8 @@
 """The Ray cluster a fleet runs on: a local one started for the run, or one joined at an address.
 
 **Local** (no ``--address``): a one-node cluster on this machine, started for the run and ended
-with it — its node address 127.0.0.1, no dashboard, Ray's usage statistics off, an object store
+with it — its node address 127.0.0.1, no dashboard, Ray's usage statistics off, its workers at
+this process's priority (not Ray's niceness 15), an object store
 of :data:`OBJECT_STORE_BYTES` (a replay hands back its summary only: the rows go to files), and
 token authentication with a fresh token held in this process's environment (and its children's,
 Ray's processes) only, so that nothing is written to the user's home. Ray's own processes listen
@@ -25,6 +26,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -51,10 +53,17 @@ class ClusterError(Exception):
 
 def ray_environment(environ: MutableMapping[str, str] | None = None, *, local: bool) -> None:
     """Set what Ray reads from the environment, unless set already: usage statistics off; for
-    a local cluster, its node address the loopback one, and token authentication with a fresh
-    token."""
+    a local cluster, its workers at this process's priority (Ray's default is niceness 15, at
+    which a replay beside two busy processes ran at 3 frames a second instead of 45), its node
+    address the loopback one, and token authentication with a fresh token — those two only
+    before Ray is imported (Ray reads them as it is imported; imported already,
+    Ray's own defaults stand for those two)."""
     env = os.environ if environ is None else environ
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if local:  # Ray's workers run at niceness 15: beside any busy process, they would crawl
+        env.setdefault("RAY_worker_niceness", "0")
+    if local and "ray" in sys.modules and environ is None:
+        return  # read as Ray was imported: a token set now would not reach this process's Ray
     if local:
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the node's address: loopback
         if "RAY_AUTH_MODE" not in env:

@@ -223,6 +223,10 @@ def fleet(args: argparse.Namespace, stopping: Stopping) -> int:
         if line is not None:
             line.close()
     print(format_fleet(result.summary, result.recordings), flush=True)
+    if result.not_compared is not None:
+        print(
+            f"{command}: the two models were not compared: {result.not_compared}", file=sys.stderr
+        )
     if result.comparison is not None:
         print(f"\nbaseline model against the model ({plan.runs['model'].comparison_dir})")
         print(result.comparison.table(), flush=True)

@@ -16,8 +16,7 @@ flight per worker and decides what a failure means:
 - a stop asked for (Ctrl-C): the replays in flight are cancelled (each leaves its partial file),
   the recordings not complete are marked interrupted.
 
-As it ends, however it ends, ``fleet.json`` and ``recordings.parquet`` are written
-(:mod:`.layout`).
+As it ends, however it ends, its outputs are written (:mod:`.outputs`).
 """
 
 from __future__ import annotations
@@ -31,22 +30,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aio_runtime import get_logger
+
 from ..run_summary import utc_now
 from .cluster import ClusterError, FleetCluster, local_cpus
-from .compare import FleetComparison, compare_runs, write_comparison
-from .layout import LAYOUT_VERSION
+from .outputs import FleetResult, Replayed, run_document, write_outputs
 from .plan import FleetPlan
 from .summary import (
-    FleetSummary,
     RecordingSummary,
     failed_summary,
-    fleet_summary,
-    summary_table,
 )
 from .worker import ReplayTask, ReplayWorker, WorkerProgress
 
 __all__ = ["FleetProgress", "FleetResult", "run_fleet"]
 
+_log = get_logger(__name__)
 _WAIT = 0.2
 """Seconds the driver waits for a result before it looks at bounds, progress and stops."""
 _POLL = 0.5
@@ -64,24 +62,6 @@ class FleetProgress:
     failed: int
     frames: int
     frames_per_second: float | None
-
-
-@dataclass
-class FleetResult:
-    """A run's end: every recording's summary (both models' with a baseline), the fleet's
-    summary of the model's recordings and of the baseline's, and the comparison."""
-
-    recordings: list[RecordingSummary]
-    summary: FleetSummary
-    interrupted: bool
-    baseline: FleetSummary | None = None
-    comparison: FleetComparison | None = None
-    """With a baseline model, and the run complete: the two models compared (written to
-    ``comparison/``)."""
-    first_handed_out: float | None = None
-    last_row_written: float | None = None
-    """``time.monotonic()`` when the first recording was handed out, and when the last result
-    came back (its rows written)."""
 
 
 @dataclass
@@ -107,6 +87,10 @@ class _Driver:
         self.plan = plan
         self.options = plan.options
         self.idle = list(actors)
+        self.restarting: dict[Any, Any] = {}
+        """A question to each worker whose process died, until Ray has started it again."""
+        self.asking: list[tuple[float, Any]] = []
+        """Workers to ask again (when, which): Ray had not started them again yet."""
         self.pending = deque(plan.tasks)
         self.running: dict[Any, _Running] = {}
         self.results: list[RecordingSummary] = []
@@ -126,12 +110,49 @@ class _Driver:
                 return False
             while self.idle and self.pending:
                 self._hand_out(self.pending.popleft(), self.idle.pop())
-            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=_WAIT)
+            self._ask_again()
+            waited = [*self.running, *self.restarting]
+            if waited:
+                ready, _ = ray.wait(waited, num_returns=1, timeout=_WAIT)
+            else:  # every worker is being started again: nothing to wait for but time
+                ready = []
+                self.stop.wait(_WAIT)
             for ref in ready:
-                self._finished(ref)
+                if ref in self.restarting:
+                    self._started_again(ref)
+                else:
+                    self._finished(ref)
             self._look_at_workers()
             self._show()
         return True
+
+    def _restarted(self, actor: Any) -> None:
+        """``actor``'s process died: it takes work again once Ray has started it again (a task
+        handed to it before then fails as the dead one's did)."""
+        self.restarting[actor.where.remote()] = actor
+
+    def _ask_again(self) -> None:
+        now = time.monotonic()
+        due = [actor for when, actor in self.asking if when <= now]
+        self.asking = [(when, actor) for when, actor in self.asking if when > now]
+        for actor in due:
+            self._restarted(actor)
+
+    def _started_again(self, ref: Any) -> None:
+        import ray
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        actor = self.restarting.pop(ref)
+        try:
+            ray.get(ref)
+        except ActorDiedError as exc:  # for good (Ray will not start it again): another instead
+            _log.warning("a worker is gone for good: another started", error=_first_line(exc))
+            self.idle.extend(_actors(1))
+        except RayActorError:  # not started again yet
+            self.asking.append((time.monotonic() + _WAIT, actor))
+        else:
+            _log.info("a worker was started again")
+            self.idle.append(actor)
 
     def _hand_out(self, task: ReplayTask, actor: Any) -> None:
         now = time.monotonic()
@@ -148,11 +169,15 @@ class _Driver:
 
         running = self.running.pop(ref)
         task = running.task
-        self.idle.append(running.actor)
         facts = {"model": task.model, "attempts": task.attempt}
         try:
             summary: RecordingSummary = ray.get(ref)
         except RayActorError as exc:
+            _log.warning(
+                "a worker died replaying", recording=task.recording, model=task.model,
+                attempt=task.attempt, killed=running.killed, error=_first_line(exc),
+            )  # fmt: skip
+            self._restarted(running.actor)
             if running.killed is not None:
                 summary = failed_summary(task.recording, task.path, **facts, reason=running.killed)
             elif task.attempt < self.options.attempts:
@@ -162,12 +187,16 @@ class _Driver:
                 reason = f"its worker died {task.attempt} times (last: {_first_line(exc)})"
                 summary = failed_summary(task.recording, task.path, **facts, reason=reason)
         except TaskCancelledError:
+            self.idle.append(running.actor)
             summary = failed_summary(
                 task.recording, task.path, **facts, status="interrupted", reason="stopped"
             )
         except Exception as exc:  # the replay raised: a fault of ours, reported with the rest
+            self.idle.append(running.actor)
             reason = f"the replay raised {_first_line(exc)}"
             summary = failed_summary(task.recording, task.path, **facts, reason=reason)
+        else:
+            self.idle.append(running.actor)
         self.last = time.monotonic()
         self.frames += summary["frames"]
         self.results.append(summary)
@@ -198,6 +227,7 @@ class _Driver:
                     f"its worker exceeded the recording's bound of {seconds:.1f} s (hung) and "
                     "was killed"
                 )
+                _log.warning("a worker past its bound killed", recording=running.task.recording)
                 ray.kill(running.actor, no_restart=False)
 
     def _cancel_all(self) -> None:
@@ -228,6 +258,9 @@ class _Driver:
                 )
             )  # fmt: skip
         self.pending.clear()
+
+    def replayed(self) -> Replayed:
+        return Replayed(self.results, self.frames, self.first, self.last)
 
     def _show(self) -> None:
         if self.progress is None:
@@ -266,7 +299,7 @@ def run_fleet(
             f"--workers {options.workers}: this machine has {local_cpus()} CPUs for a local cluster"
         )
     if not plan.tasks:  # every recording was replayed by the run resumed: nothing to start
-        return _written(plan, _Driver(plan, [], stop, progress), "complete", started_at, None)
+        return write_outputs(plan, Replayed(), "complete", started_at, None)
     cluster = cluster or FleetCluster(options.address)
     with cluster if own else _nothing():
         cpus = cluster.cpus()
@@ -274,19 +307,19 @@ def run_fleet(
         if workers > cpus:
             raise ClusterError(f"--workers {workers}: the cluster has {cpus} CPUs")
         for kind, run in plan.runs.items():
-            run.write_run(_document(plan, kind, "running", started_at, [], None))
+            run.write_run(run_document(plan, kind, "running", started_at, [], None))
         driver = _Driver(plan, _actors(min(workers, len(plan.tasks))), stop, progress)
         try:
             complete = driver.run()
         except BaseException:  # a fault of ours, or the cluster lost: said so, then raised
             with contextlib.suppress(Exception):
-                _written(plan, driver, "failed", started_at, cluster.start_seconds)
+                write_outputs(plan, driver.replayed(), "failed", started_at, cluster.start_seconds)
             raise
         finally:
             if not own or stop.is_set():
                 _end(driver)
     state = "complete" if complete else "interrupted"
-    return _written(plan, driver, state, started_at, cluster.start_seconds)
+    return write_outputs(plan, driver.replayed(), state, started_at, cluster.start_seconds)
 
 
 def _nothing() -> Any:
@@ -305,70 +338,6 @@ def _actors(count: int) -> list[Any]:
 def _end(driver: _Driver) -> None:
     import ray
 
-    for actor in driver.idle + [r.actor for r in driver.running.values()]:
+    actors = [*driver.idle, *driver.restarting.values(), *(a for _, a in driver.asking)]
+    for actor in actors + [r.actor for r in driver.running.values()]:
         ray.kill(actor, no_restart=True)
-
-
-def _written(
-    plan: FleetPlan,
-    driver: _Driver,
-    state: str,
-    started_at: str,
-    cluster_seconds: float | None,
-) -> FleetResult:
-    import pyarrow.parquet as pq
-
-    order = {recording.name: at for at, recording in enumerate(plan.recordings)}
-    recordings = sorted(
-        plan.resumed + driver.results, key=lambda s: (order[s["recording"]], s["model"] != "model")
-    )
-    seconds = driver.last - driver.first if driver.first and driver.last else None
-    summaries: dict[str, FleetSummary] = {}
-    for kind, run in plan.runs.items():
-        own = [s for s in recordings if s["model"] == kind]
-        complete = [run.frames(s["recording"]) for s in own if s["status"] == "complete"]
-        summaries[kind] = fleet_summary(
-            own,
-            complete,
-            resumed=sum(1 for s in plan.resumed if s["model"] == kind),
-            replay_seconds=seconds,
-            replayed_frames=driver.frames,
-            cluster_start_seconds=cluster_seconds,
-        )
-        partial = run.root / f".{run.recordings_table.name}.partial"
-        pq.write_table(summary_table(own), partial)
-        partial.replace(run.recordings_table)
-        run.write_run(_document(plan, kind, state, started_at, own, summaries[kind]))
-    comparison = None
-    if "baseline" in plan.runs and state == "complete":
-        comparison = compare_runs(plan.runs["baseline"].root, plan.runs["model"].root)
-        write_comparison(comparison, plan.runs["model"].comparison_dir)
-    return FleetResult(
-        recordings,
-        summaries["model"],
-        state == "interrupted",
-        summaries.get("baseline"),
-        comparison,
-        driver.first,
-        driver.last,
-    )
-
-
-def _document(
-    plan: FleetPlan,
-    kind: str,
-    state: str,
-    started_at: str,
-    recordings: list[RecordingSummary],
-    fleet: FleetSummary | None,
-) -> dict[str, Any]:
-    return {
-        "version": LAYOUT_VERSION,
-        "state": state,
-        "startedAt": started_at,
-        "endedAt": None if state == "running" else utc_now(),
-        "settings": plan.settings[kind],
-        "inputs": len(plan.recordings),
-        "recordings": recordings,
-        "fleet": fleet,
-    }

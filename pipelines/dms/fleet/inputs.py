@@ -50,7 +50,8 @@ def find_recordings(inputs: Iterable[str | os.PathLike[str]]) -> list[Recording]
     once; :class:`ValueError` in one line for inputs refused (see the module's description)."""
     found: dict[str, Recording] = {}
     seen: set[Path] = set()
-    for recording in _expand(inputs, listed_in=None):
+    for given in _expand(inputs, listed_in=None):
+        recording = Recording(given.name, given.path.absolute())  # as a worker elsewhere sees it
         resolved = recording.path.resolve()
         if resolved in seen:
             continue  # the same file named twice

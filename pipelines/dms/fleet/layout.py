@@ -8,7 +8,7 @@
     OUT/recordings.parquet                 one row per recording: its summary (as it ends)
     OUT/frames/<recording>/part-0.parquet  one row per frame (:mod:`~..sinks_parquet`); the
                                            directory is the recording's name, quoted
-                                           (``urllib.parse.quote``, nothing kept); the file is
+                                           (:func:`recording_directory`); the file is
                                            there only once the recording was replayed whole
     OUT/baseline/                          with ``--baseline-model``: the baseline model's run,
                                            laid out the same
@@ -40,6 +40,7 @@ __all__ = [
     "FRAMES_FILE",
     "LAYOUT_VERSION",
     "RunDirectory",
+    "recording_directory",
     "replay_settings",
 ]
 
@@ -66,6 +67,15 @@ def replay_settings(config: ServiceConfig) -> dict[str, Any]:
     model = config.model if config.model is not None else reference_model_path()
     values["modelSha256"] = hashlib.sha256(Path(model).read_bytes()).hexdigest()
     return values
+
+
+def recording_directory(recording: str) -> str:
+    """The name of ``recording``'s directory: quoted (``urllib.parse.quote``, nothing kept),
+    a leading ``.`` or ``_`` too (dataset readers pass over such names as hidden)."""
+    quoted = urllib.parse.quote(recording, safe="")
+    if quoted[:1] in (".", "_"):
+        quoted = f"%{ord(quoted[0]):02X}{quoted[1:]}"
+    return quoted
 
 
 class RunDirectory:
@@ -96,7 +106,7 @@ class RunDirectory:
 
     def frames(self, recording: str) -> Path:
         """The frames file of ``recording``."""
-        return self.frames_dir / urllib.parse.quote(recording, safe="") / FRAMES_FILE
+        return self.frames_dir / recording_directory(recording) / FRAMES_FILE
 
     def done(self, recording: str) -> bool:
         """``recording`` was replayed whole (by this run, or by the one it resumes)."""

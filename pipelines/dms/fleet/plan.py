@@ -68,7 +68,7 @@ class FleetPlan:
 def plan_fleet(recordings: list[Recording], options: FleetOptions) -> FleetPlan:
     """The plan of a run; :class:`ValueError` (one line) for an ``--out`` that cannot be used
     (see :meth:`~.layout.RunDirectory.check`)."""
-    main = RunDirectory(options.out)
+    main = RunDirectory(options.out.absolute())  # as a worker on another node sees it
     models: dict[str, ServiceConfig] = {"model": options.config}
     runs = {"model": main}
     if options.baseline_model is not None:

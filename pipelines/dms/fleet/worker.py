@@ -90,6 +90,10 @@ class ReplayWorker:
             "worker": await self.where(),
         }
         output = Path(task.output)
+        if task.attempt > 1 and await anyio.Path(output).is_file():
+            import pyarrow.parquet as pq  # an earlier attempt wrote it whole, then its worker died
+
+            return recording_summary(pq.read_table(output), **facts)
         config = dataclasses.replace(
             task.config,
             camera=CameraFile(Path(task.path)),
