@@ -53,9 +53,11 @@ def test_a_fleet_with_a_failed_recording_exits_4_with_its_reason(ray_cluster, re
     assert RunDirectory(out).done("a.dmsrec")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_the_fleet_with_exit_130_and_its_outputs_marked(
-    ray_cluster, recordings, tmp_path
+    ray_cluster, recordings, tmp_path, signum
 ):
+    """SIGTERM too: Ray's own handler for it, installed as a driver connects, would abort."""
     out = tmp_path / "run"
     frames_file = RunDirectory(out).frames("long.dmsrec")
     process = subprocess.Popen(
@@ -76,7 +78,7 @@ def test_a_signal_stops_the_fleet_with_exit_130_and_its_outputs_marked(
             except subprocess.TimeoutExpired:
                 pass
         assert process.poll() is None, process.communicate()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=60)
     finally:
         process.kill()

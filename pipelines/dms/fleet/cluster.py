@@ -25,8 +25,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -87,6 +89,19 @@ def _reachable(address: str) -> None:
         raise ClusterError(f"--address {address}: no Ray cluster answers there: {exc}") from None
 
 
+def _signal_handlers() -> dict[int, Any]:
+    """This process's SIGINT and SIGTERM handlers (none off the main thread: only it sets them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    for signum, handler in handlers.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
 class FleetCluster:
     """``with FleetCluster(address, cpus) as cluster:`` — the cluster to run on (see the
     module's description); ``cpus``: a local cluster's CPUs (None: the ones this process may
@@ -123,6 +138,7 @@ class FleetCluster:
                 options["_temp_dir"] = str(self._temp_dir)
         else:
             options["address"] = self.address
+        handlers = _signal_handlers()
         try:
             ray.init(**options)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
@@ -130,6 +146,8 @@ class FleetCluster:
             where = f"at {self.address}" if self.address else "on this machine"
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ClusterError(f"no Ray cluster could be had {where}: {text}") from None
+        finally:
+            _restore(handlers)  # Ray's own SIGTERM handler would abort this process
         self._connected = True
         self.start_seconds = time.monotonic() - started
         return self
