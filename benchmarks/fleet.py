@@ -46,8 +46,8 @@ from typing import Any
 
 import anyio
 import numpy as np
-import onnxruntime as ort
 
+from benchmarks._plain import one_thread_session
 from pipelines.dms.camera_synthetic import SyntheticCamera
 from pipelines.dms.decode import Decoder
 from pipelines.dms.fleet import (
@@ -100,11 +100,7 @@ def plain(paths: list[Path]) -> dict[str, float]:
     """Read, warp, run, decode: one thread, frame after frame, recording after recording."""
     path = reference_model_path()
     contract = load_contract(path)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = one_thread_session(str(path))
     warper, decoder = Warper(), Decoder(contract.output_slices)
     calib = np.zeros((1, 3), np.float32)
     count = 0

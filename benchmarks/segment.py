@@ -38,8 +38,8 @@ from typing import Any
 
 import anyio
 import numpy as np
-import onnxruntime as ort
 
+from benchmarks._plain import one_thread_session
 from pipelines.dms.camera import nv12_layout
 from pipelines.dms.config import CameraFile, DeviceKind, Mode, ServiceConfig
 from pipelines.dms.decode import Decoder
@@ -92,11 +92,7 @@ def plain(segment: Path) -> dict[str, float]:
 
     path = reference_model_path()
     contract = load_contract(path)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = one_thread_session(str(path))
     warper, decoder = Warper(), Decoder(contract.output_slices)
     calib = np.zeros((1, 3), np.float32)
     decode_s, warp_s, model_s = [], [], []

@@ -35,6 +35,19 @@ def run(*words: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def until_replaying(process: subprocess.Popen[str], frames_file: Path) -> None:
+    """Until the command's worker has begun replaying into ``frames_file`` (its partial file is
+    there) or the command has ended: 60 s at most."""
+    for _ in range(1200):
+        if partial_path(frames_file).exists() or process.poll() is not None:
+            return
+        try:
+            process.wait(0.05)
+        except subprocess.TimeoutExpired:
+            pass
+    raise AssertionError(f"no replay into {frames_file} within 60 s")
+
+
 def test_a_fleet_with_a_failed_recording_exits_4_with_its_reason(ray_cluster, recordings, tmp_path):
     garbage = tmp_path / "garbage.dmsrec"
     garbage.write_bytes(b"not a recording")
@@ -70,13 +83,7 @@ def test_a_signal_stops_the_fleet_with_exit_130_and_its_outputs_marked(
         text=True,
     )
     try:
-        for _ in range(1200):  # until its worker has begun the replay (60 s at most)
-            if partial_path(frames_file).exists() or process.poll() is not None:
-                break
-            try:
-                process.wait(0.05)
-            except subprocess.TimeoutExpired:
-                pass
+        until_replaying(process, frames_file)
         assert process.poll() is None, process.communicate()
         process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=60)
@@ -183,13 +190,7 @@ def test_a_second_signal_ends_the_fleet_at_once_and_its_local_clusters_processes
     )
     try:
         frames_file = RunDirectory(out).frames("long.dmsrec")
-        for _ in range(1200):  # until its worker has begun the replay (60 s at most)
-            if partial_path(frames_file).exists() or process.poll() is not None:
-                break
-            try:
-                process.wait(0.05)
-            except subprocess.TimeoutExpired:
-                pass
+        until_replaying(process, frames_file)
         started = descendants(process.pid)
         assert any(p.command.startswith("ray::ReplayWorker") for p in started), started
         process.send_signal(signal.SIGINT)
