@@ -61,8 +61,17 @@ from ._core._ownership import (
 from ._core._policy import DEFAULT_POLICY, PollPolicy
 from ._core._resources import AsyncResource, ExcInfo
 from ._core._signals import Fence, TimelineSignal, serial_reached
+from ._core._starvation import Starvation, run_queue_wait
 from ._core._supervision import Backoff, Supervisor, SupervisorStatistics
-from ._core._threads import EXIT_GRACE, PendingCall, WorkerThread, run_in_thread
+from ._core._threads import (
+    EXIT_GRACE,
+    PendingCall,
+    WorkerThread,
+    can_run_realtime,
+    realtime_threads,
+    run_in_thread,
+    worker_thread_ids,
+)
 from ._core._waits import (
     IMMEDIATE_BURST,
     ProbeArgs,
@@ -129,6 +138,7 @@ __all__ = [
     "SharedBound",
     "SignalTimeout",
     "Stages",
+    "Starvation",
     "Supervisor",
     "SupervisorStatistics",
     "ThreadsafeSetter",
@@ -144,6 +154,7 @@ __all__ = [
     "WatcherStopped",
     "PendingCall",
     "WorkerThread",
+    "can_run_realtime",
     "configure_logging",
     "current_deadline",
     "current_ledger",
@@ -156,12 +167,15 @@ __all__ = [
     "map_exceptions",
     "now",
     "pause",
+    "realtime_threads",
     "reason_kind",
     "run_in_thread",
+    "run_queue_wait",
     "serial_reached",
     "use_ledger",
     "validate_timeout",
     "wait_complete",
     "wait_register",
     "wait_until",
+    "worker_thread_ids",
 ]

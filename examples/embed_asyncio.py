@@ -32,11 +32,12 @@ async def read_until_recovered(service: DmsService) -> tuple[int, int]:
             valid += 1
         else:
             invalid += 1
-        if message.reason_kind == "gpu-queue" and not hung:  # the accelerator's queue timed out
+        why = message.availability_reason_kind  # what the service's state is about
+        if why == "gpu-queue" and not hung:  # the accelerator's queue made no progress
             hung = True
-            print(f"frame {message.frame_id}: {message.availability}, {message.reason_kind}")
+            print(f"message {message.seq}: {message.availability}, {why}")
         elif hung and message.availability is Availability.AVAILABLE:
-            print(f"frame {message.frame_id}: available again")
+            print(f"message {message.seq}: available again")
             break
     return valid, invalid
 

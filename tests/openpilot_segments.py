@@ -19,6 +19,7 @@ encoded one, in the order openpilot logs them. Options:
   the log still indexes them all); ``video=False``: no ``dcamera.hevc``;
 - ``encode_type``: the encode index's ``type`` (1 is ``fullHEVC`` in current schemas, 5 the
   driver file's ``front`` in old ones: readers must not filter on it);
+- ``keyframe_every``: a keyframe every so many encoded frames (else the encoder's choice);
 - ``extra_events``: more Event bytes to log after the camera's, e.g. openpilot's own
   ``driverStateV2`` for a frame, built with :func:`event` —
   ``event(1_000, "driverStateV2", frameId=1000)`` — and filled in through its builder.
@@ -81,11 +82,17 @@ def luma(position: int, width: int, height: int) -> np.ndarray:
 
 
 def write_hevc(
-    path: Path, images: Sequence[np.ndarray], *, rate: int = 20, bitrate: int | None = None
+    path: Path,
+    images: Sequence[np.ndarray],
+    *,
+    rate: int = 20,
+    bitrate: int | None = None,
+    keyframe_every: int | None = None,
 ) -> None:
     """``images`` (luma planes) as a raw HEVC stream, chroma :data:`U`, :data:`V`, without
     B-frames (as openpilot's encoder: decode order is display order); at ``bitrate`` (bits/s,
-    average), else at a constant quality that keeps the luma close."""
+    average), else at a constant quality that keeps the luma close; a keyframe every
+    ``keyframe_every`` frames (else the encoder's choice)."""
     height, width = images[0].shape
     with av.open(str(path), "w", format="hevc") as container:
         stream = container.add_stream("libx265", rate=rate)
@@ -96,7 +103,12 @@ def write_hevc(
         stream.options = {
             "preset": "ultrafast",
             **quality,
-            "x265-params": "log-level=none:bframes=0",
+            "x265-params": "log-level=none:bframes=0"
+            + (
+                ""
+                if keyframe_every is None
+                else f":keyint={keyframe_every}:min-keyint={keyframe_every}:scenecut=0"
+            ),
         }
         u = np.full((height // 2) * (width // 2), U, np.uint8)
         v = np.full((height // 2) * (width // 2), V, np.uint8)
@@ -148,6 +160,7 @@ def build_segment(
     extra_events: Sequence[bytes] = (),
     image: Callable[[int, int, int], np.ndarray] = luma,
     bitrate: int | None = None,
+    keyframe_every: int | None = None,
 ) -> BuiltSegment:
     """Write a segment into ``directory`` (made if missing); see the module docstring."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -182,7 +195,9 @@ def build_segment(
     if video_frames is not None:
         built.frames, built.images = built.frames[:video_frames], built.images[:video_frames]
     if video:
-        write_hevc(directory / "dcamera.hevc", built.images, bitrate=bitrate)
+        write_hevc(
+            directory / "dcamera.hevc", built.images, bitrate=bitrate, keyframe_every=keyframe_every
+        )
     if log is not None:
         (directory / log).write_bytes(_compressed(b"".join(events), log))
     return built

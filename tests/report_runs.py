@@ -12,6 +12,7 @@ from pipelines.dms.messages import DriverStateV2, new_run_id
 from pipelines.dms.report import Message
 
 INTERVAL = 0.05
+BUDGET = 0.05
 START_NS = 5_000_000_000
 STATE = {"A": "available", "D": "degraded", "U": "unavailable"}
 
@@ -27,6 +28,10 @@ class Step:
     skip: int = 0
     """Frame ids skipped before this frame (dropped)."""
     model: float = 0.012
+    valid: bool | None = None
+    """Whether the frame is valid (None: AVAILABLE, with no reason, and a frame)."""
+    why: str = ""
+    """The availability's reason (``availabilityReason``); "" as in older records."""
 
 
 def ok(age: float = 0.03) -> Step:
@@ -44,6 +49,8 @@ def records(
     for seq, step in enumerate(steps):
         frame += step.skip
         valid = step.state == "A" and not step.reason and not step.status
+        if step.valid is not None:
+            valid = step.valid
         message = DriverStateV2(
             seq=seq,
             run_id=run_id,
@@ -53,7 +60,9 @@ def records(
             frame_age=step.age,
             availability=STATE[step.state],
             reason=step.reason,
+            availability_reason=step.why,
             valid=valid,
+            late=valid and step.age > BUDGET,
             readiness=READY,
             model_execution_time=0.0 if step.status else step.model,
             gpu_execution_time=0.0 if step.status else step.model * 0.8,

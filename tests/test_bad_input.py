@@ -37,6 +37,9 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--model": [["{missing}"], ["{dir}"], ["{garbage}"]],
     "--device": [["gpu"], [""], ["CPU"]],
     "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"]],
+    "--stale-after": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["0.01"]],  # < budget
+    "--min-rate": [["0"], ["-1"], ["nan"], ["inf"], ["1001"], ["abc"]],
+    "--realtime": [["0"], ["100"], ["-5"], ["x"], ["1.5"]],
     "--recover-after": [["0"], ["-1"], ["1.5"], ["abc"]],
     "--unavailable-after": [["0"], ["-3"], ["2.5"], ["x"]],
     "--gpu-hang-after": [["0"], ["-0.1"], ["nan"], ["61"], ["x"]],
@@ -93,6 +96,9 @@ BAD_FIELDS: dict[str, list[object]] = {
     "model": [5, b"x.onnx"],
     "device": ["gpu", 3, None],
     "budget": [0.0, -1.0, float("nan"), float("inf"), "x", True, None],
+    "stale_after": [0.0, -1.0, float("nan"), float("inf"), "x", True, 0.01],
+    "min_rate": [0.0, -1.0, float("nan"), float("inf"), 1001.0, "x", True],
+    "realtime": [0, 100, -5, 1.5, "x", True],
     "recover_after": [0, -1, 1.5, True, "x"],
     "unavailable_after": [0, 2.5, False, None],
     "gpu_hang_after": [0.0, 61.0, float("nan"), None],
@@ -220,7 +226,9 @@ def test_every_config_field_has_bad_values_in_the_table():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("command", "flag", "values"), _cases(), ids=lambda v: str(v))
-def test_a_bad_option_is_one_line_and_exit_code_2(command, flag, values, paths, capsys, monkeypatch):
+def test_a_bad_option_is_one_line_and_exit_code_2(
+    command, flag, values, paths, capsys, monkeypatch
+):
     monkeypatch.chdir(paths["dir"])
     argv = _argv(command, flag, values, paths)
     try:

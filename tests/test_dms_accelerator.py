@@ -11,9 +11,9 @@ import pytest
 
 from aio_runtime import (
     BudgetExhausted,
+    HardwareTimeout,
     Layer,
     ReadinessLayer,
-    SignalTimeout,
     deadline_scope,
     now,
 )
@@ -77,9 +77,14 @@ async def test_a_hung_device_is_a_gpu_queue_timeout_within_its_bound():
         try:
             device.plan.add(FaultRule(Fault.KERNEL_HANG, at=1))
             async with virtual_time():  # the model never runs here: no thread to outpace
-                with pytest.raises(SignalTimeout) as info:
+                start = now()
+                with pytest.raises(HardwareTimeout) as info:
                     await accelerator.run(img, calib, timeout=0.05)
+                elapsed = now() - start
+            # the kernel's own wait, or the looks' evidence, whichever reaches the bound first
             assert info.value.layer is Layer.GPU_QUEUE
+            assert info.value.elapsed >= 0.05 - 1e-6
+            assert elapsed <= 0.05 + 2 * 0.05 / LOOKS_PER_HANG
             await accelerator.session.recover()
             output, _ = await accelerator.run(img, calib, timeout=5.0)
             assert output.shape == (1, OUTPUT)
@@ -174,9 +179,8 @@ async def run_watched(accelerator: AcceleratorRunner, *, budget: float, away: fl
             try:
                 with deadline_scope(budget, name="frame"):
                     outcome.append((await accelerator.run(img, calib, timeout=0.1))[0])
-            except BudgetExhausted as exc:
+            except (HardwareTimeout, BudgetExhausted) as exc:
                 outcome.append(exc)
-                seen.append(await accelerator.stalled_for())
             watch.cancel_scope.cancel()
 
         async def watcher() -> None:
@@ -196,7 +200,10 @@ async def run_watched(accelerator: AcceleratorRunner, *, budget: float, away: fl
     return max(seen), outcome[0]
 
 
-async def test_a_kernel_that_makes_no_progress_while_the_host_looks_is_seen_stalled():
+async def test_a_kernel_that_makes_no_progress_while_the_host_looks_is_hung_at_its_bound():
+    """A kernel that shows no progress for a second, in a frame's scope of 0.3 s: the looks
+    (every 25 ms) see it stalled, and at the hang bound (0.1 s of evidence) the run ends hung
+    there and then, not at the scope's end."""
     async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
         device.gpu.register_kernel(MODEL_KERNEL, *slow_kernel(1.0))
         accelerator = await AcceleratorRunner.open(
@@ -206,8 +213,32 @@ async def test_a_kernel_that_makes_no_progress_while_the_host_looks_is_seen_stal
             stalled, outcome = await run_watched(accelerator, budget=0.3)
         finally:
             await accelerator.aclose()
-    assert isinstance(outcome, BudgetExhausted) and outcome.layer is Layer.GPU_QUEUE
-    assert stalled >= 0.2  # looked at every 25 ms: seen, within a look, to make no progress
+    assert isinstance(outcome, HardwareTimeout) and outcome.layer is Layer.GPU_QUEUE
+    assert not isinstance(outcome, BudgetExhausted)
+    assert "no progress: hung" in str(outcome) and 0.1 - 1e-6 <= outcome.elapsed < 0.1 + 0.03
+    assert 0.05 <= stalled <= outcome.elapsed  # seen growing, look by look, up to the bound
+
+
+async def test_time_the_runtime_s_threads_waited_for_a_cpu_is_no_evidence_of_a_hung_device(
+    monkeypatch,
+):
+    """The kernel that makes no progress for a second, but every look finds that the runtime's
+    threads (the simulated GPU's kernel among them) waited for a CPU all along: a starved host,
+    not a hung device — the run is cut by its frame's scope, never ended as hung."""
+    from aio_runtime import Starvation
+
+    monkeypatch.setattr(Starvation, "since_last", lambda self: 1.0)  # starved throughout
+    async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
+        device.gpu.register_kernel(MODEL_KERNEL, *slow_kernel(1.0))
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
+        try:
+            stalled, outcome = await run_watched(accelerator, budget=0.3)
+        finally:
+            await accelerator.aclose()
+    assert isinstance(outcome, BudgetExhausted), outcome
+    assert stalled == 0.0
 
 
 async def test_a_host_that_was_not_scheduled_is_no_evidence_of_a_hung_device():

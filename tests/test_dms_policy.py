@@ -1,7 +1,9 @@
-"""The DMS availability policy on its own: a frame's result in, a report and a verdict out — no
-service, no clock."""
+"""The DMS policy on its own, row by row of the README's decision table: a frame's result in, a
+verdict and a report to the availability out — no service, no clock (times are given)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -9,86 +11,109 @@ from aio_runtime import (
     Availability,
     BudgetExhausted,
     CameraTimeout,
-    HardwareTimeout,
     Layer,
     Reason,
     SignalTimeout,
 )
 from aio_runtime.testing import TransitionRecorder
+from pipelines.dms.service._host import HostSample
 from pipelines.dms.service._policy import FramePolicy
+from pipelines.dms.service._rate import RATE_WINDOW
 
 A, D, U = Availability.AVAILABLE, Availability.DEGRADED, Availability.UNAVAILABLE
+PERIOD = 0.05
 
 
 def policy(**settings) -> FramePolicy:
     return FramePolicy(
-        **{"budget": 0.05, "gpu_hang_after": 0.1, "recover_after": 2, "unavailable_after": 3}
+        **{"budget": 0.05, "stale_after": 0.1, "recover_after": 2, "unavailable_after": 3}
         | settings
     )
 
 
-def over_budget(frame: int = 7) -> BudgetExhausted:
+def bound_ran_out(frame: int = 7) -> BudgetExhausted:
     return BudgetExhausted(
         budget=f"frame {frame}",
-        awaited="compute timeline >= 8",
-        timeout=0.05,
-        elapsed=0.05,
-        layer=Layer.GPU_QUEUE,
+        awaited="the model's run",
+        timeout=0.1,
+        elapsed=0.1,
+        layer=Layer.MODEL,
+    )
+
+
+def on_time(judge: FramePolicy, at: float = 0.0, calibration: Reason | None = None):
+    """A valid output published 30 ms after its start of frame (``at``)."""
+    return judge.decoded(
+        at=at + 0.03, deadline=at + 0.05, stale_at=at + 0.1, calibration=calibration
     )
 
 
 def good(judge: FramePolicy, frames: int) -> None:
     for _ in range(frames):
-        judge.decoded(late=-0.01, calibration=None)
+        on_time(judge)
 
 
-def test_good_frames_are_valid_once_enough_of_them_came_in_a_row():
+def test_an_on_time_frame_is_valid_whatever_the_availability_whose_recovery_is_its_own():
     judge = policy()
-    first = judge.decoded(late=-0.01, calibration=None)
-    assert first.reason is not None and first.reason.kind == "recovering"
-    assert first.reason == "recovering: unavailable (starting)"
-    assert judge.decoded(late=-0.01, calibration=None).reason is None
+    first = on_time(judge)
+    assert first.reason is None and not first.late  # valid while still UNAVAILABLE(starting)
+    assert judge.availability.state.availability is U
+    assert on_time(judge).reason is None
+    assert judge.availability.state.availability is A  # recover_after good frames
+
+
+def test_a_frame_published_after_its_deadline_is_valid_flagged_late_and_a_good_result():
+    judge = policy(unavailable_after=3)
+    good(judge, 2)
+    judge.invalid_output("NaN")
+    judge.invalid_output("NaN")  # two failures in a row: one more would be an outage
+    with TransitionRecorder(judge.availability) as recorder:
+        verdicts = [
+            judge.decoded(at=0.08, deadline=0.05, stale_at=0.1, calibration=None) for _ in range(12)
+        ]
+    assert all(v.reason is None and v.late and v.fault is None for v in verdicts)
+    assert recorder.availabilities() == [D, A]  # lateness is no outage: good results
+    assert judge.availability.failed_streak == 0
+
+
+def test_a_frame_already_stale_when_it_could_be_warped_is_invalid_and_no_failure():
+    judge = policy()
+    good(judge, 2)
+    verdict = judge.stale(0.1234, 1.0, "warped")
+    assert verdict.reason == (
+        "stale: the frame was 123.4 ms old when it could be warped (stale after 100 ms)"
+    )
+    assert verdict.timeouts == ("frame-stale",) and verdict.fault is None
+    assert judge.availability.state.availability is A and judge.availability.failed_streak == 0
+
+
+def test_a_frame_whose_output_was_not_ready_by_its_staleness_bound_is_stale():
+    judge = policy()
+    good(judge, 2)
+    verdict = judge.over_budget(bound_ran_out(), at=1.0)
+    assert verdict.reason.kind == "stale" and verdict.reason.detail.startswith(
+        "no output within 100 ms: "
+    )
+    assert verdict.timeouts == ("frame-stale",) and verdict.fault is None
     assert judge.availability.state.availability is A
 
 
-def test_a_late_frame_from_a_device_still_making_progress_is_degraded_not_a_restart():
+def test_an_output_ready_after_the_staleness_bound_is_stale_not_valid():
     judge = policy()
     good(judge, 2)
-    verdict = judge.over_budget(over_budget(), stalled=0.03)
-    assert verdict.reason is not None and verdict.reason.kind == "frame budget"
-    assert verdict.fault is None and verdict.timeouts == ("frame-budget",)
-    assert judge.availability.state.availability is D
-    assert judge.over_budget(over_budget(), stalled=None).fault is None  # no hang detection
-
-
-def test_a_device_without_progress_for_the_hang_bound_is_unavailable_and_restarted():
-    judge = policy()
-    good(judge, 2)
-    cause = over_budget()
-    verdict = judge.over_budget(cause, stalled=0.1)
-    assert verdict.timeouts == ("frame-budget", "gpu-queue")
-    # the session fails with a hardware timeout of the layer: what was awaited, for how long
-    hung = verdict.fault
-    assert isinstance(hung, HardwareTimeout) and hung.__cause__ is cause
-    assert (hung.layer, hung.awaited, hung.timeout, hung.elapsed) == (
-        Layer.GPU_QUEUE,
-        "compute timeline >= 8",
-        0.1,
-        0.1,
+    verdict = judge.decoded(at=1.12, deadline=1.05, stale_at=1.1, calibration=None)
+    assert verdict.reason == (
+        "stale: its output was ready 120.0 ms after start of frame (stale after 100 ms)"
     )
-    assert verdict.reason is not None and verdict.reason.kind == "gpu-queue"
-    assert "no progress for 0.100 s (hung after 0.1 s;" in verdict.reason
-    assert judge.availability.state.availability is U
+    assert not verdict.late and judge.availability.state.availability is A
 
 
-def test_a_hardware_fault_is_unavailable_at_once_under_its_layer():
+def test_a_frame_with_stale_calibration_is_invalid_and_degraded():
     judge = policy()
     good(judge, 2)
-    fault = SignalTimeout(awaited="compute timeline >= 9", timeout=0.1, elapsed=0.1)
-    verdict = judge.device_fault(fault)
-    assert verdict.fault is fault and verdict.timeouts == ("gpu-queue",)
-    assert (verdict.reason.kind, verdict.reason.detail) == ("gpu-queue", fault.message)
-    assert str(judge.availability.state).startswith("unavailable(gpu-queue: ")
+    verdict = on_time(judge, calibration=Reason("calibration missing or stale"))
+    assert verdict.reason == "calibration missing or stale"
+    assert judge.availability.state.availability is D
 
 
 def test_isolated_failures_degrade_and_a_run_of_them_is_one_outage():
@@ -103,6 +128,13 @@ def test_isolated_failures_degrade_and_a_run_of_them_is_one_outage():
     assert recorder.availabilities() == [A, D, U]
 
 
+def test_a_failed_warp_is_an_isolated_failure():
+    judge = policy()
+    good(judge, 2)
+    assert judge.warp_failed(ValueError("no geometry")).reason == "warp: no geometry"
+    assert judge.availability.state.availability is D
+
+
 def test_a_frame_that_finds_no_model_says_why_and_reports_nothing():
     judge = policy()
     good(judge, 2)
@@ -111,24 +143,14 @@ def test_a_frame_that_finds_no_model_says_why_and_reports_nothing():
     assert verdict.fault is None and judge.availability.state.availability is A
 
 
-@pytest.mark.parametrize(
-    ("calibration", "late", "kind"),
-    [
-        ("calibration missing or stale", -0.01, "calibration missing or stale"),
-        (None, 0.004, "frame budget"),
-    ],
-    ids=["stale-calibration", "decoded-late"],
-)
-def test_a_decoded_frame_with_stale_calibration_or_decoded_late_is_degraded(
-    calibration, late, kind
-):
+def test_a_hardware_fault_is_unavailable_at_once_under_its_layer():
     judge = policy()
     good(judge, 2)
-    verdict = judge.decoded(
-        late=late, calibration=None if calibration is None else Reason(calibration)
-    )
-    assert verdict.reason is not None and verdict.reason.kind == kind
-    assert judge.availability.state.availability is D
+    fault = SignalTimeout(awaited="compute timeline >= 9", timeout=0.1, elapsed=0.1)
+    verdict = judge.device_fault(fault)
+    assert verdict.fault is fault and verdict.timeouts == ("gpu-queue",)
+    assert (verdict.reason.kind, verdict.reason.detail) == ("gpu-queue", fault.message)
+    assert str(judge.availability.state).startswith("unavailable(gpu-queue: ")
 
 
 def test_a_stalled_camera_is_unavailable_and_its_failure_keeps_its_own_words():
@@ -156,47 +178,142 @@ def test_news_of_an_outage_is_not_a_frame_without_output():
     assert judge.availability.state.availability is D
 
 
-def test_a_frame_published_late_with_its_output_is_degraded_and_not_a_frame_without_output():
-    """However many frames in a row are late, each had an output: DEGRADED, never the outage
-    that ``unavailable_after`` frames without one make — and they break a run of failures."""
-    judge = policy(unavailable_after=3)
-    good(judge, 2)
-    judge.invalid_output("NaN")
-    judge.invalid_output("NaN")  # two failures in a row: one more would be an outage
+# -- the rate: a host too slow or too busy for the camera -------------------------------------
+
+
+def frames(judge: FramePolicy, start: float, count: int, lost_every: int | None = None) -> float:
+    """``count`` frames at 20 Hz from ``start``: each arrives and is published valid on time,
+    except every ``lost_every``-th, dropped. Returns the time after the last."""
+    at = start
+    for k in range(count):
+        judge.arrived(at)
+        if lost_every is not None and k % lost_every == 0:
+            judge.dropped(at + 0.01)
+        else:
+            on_time(judge, at)
+        at += PERIOD
+    return at
+
+
+def test_a_service_that_loses_frames_to_the_hosts_speed_is_degraded_with_the_rate_it_keeps():
+    judge = policy(host=lambda: HostSample(0.0, 0.0))
+    at = frames(judge, 0.0, 40)
+    assert judge.availability.state.availability is A
+    at = frames(judge, at, 40, lost_every=8)  # 5 of 40: above a tenth
+    state = judge.availability.state
+    assert state.availability is D and state.reason.kind == "overloaded"
+    words = re.fullmatch(
+        r"(\d+(?:\.5)?) of 20 Hz valid; its work takes longer than the camera's frame period",
+        state.reason.detail,
+    )
+    assert words and 17 <= float(words[1]) <= 19  # 35 of 40 frames: 17.5 Hz, said within 1 Hz
+    frames(judge, at, 60)  # keeping up again, once the window has no losses
+    assert judge.availability.state.availability is A
+
+
+def test_a_valid_rate_below_the_minimum_is_unavailable_and_says_so_never_a_device_fault():
+    judge = policy(host=lambda: HostSample(0.0, 0.0))
+    at = frames(judge, 0.0, 40)
     with TransitionRecorder(judge.availability) as recorder:
-        verdicts = [judge.decoded(late=0.03, calibration=None) for _ in range(12)]
-    assert all(v.reason.kind == "frame budget" and v.fault is None for v in verdicts)
-    assert verdicts[0].reason == "frame budget: late: decoded 30.0 ms after the frame's deadline"
-    # one transition, to the new cause, however many late frames: never UNAVAILABLE
-    assert [str(state.reason.kind) for state in recorder.states()] == [
-        "invalid output",
-        "frame budget",
-    ]
-    assert recorder.availabilities() == [D, D]
-    assert judge.availability.failed_streak == 0
-    judge.invalid_output("NaN")
-    judge.invalid_output("NaN")
-    assert judge.availability.state.availability is D  # the late frames broke the run
+        at = frames(judge, at, 40, lost_every=3)  # a third lost: 13.5 of 20 Hz
+    state = judge.availability.state
+    assert state.availability is U and state.reason.kind == "overloaded"
+    assert state.reason.detail.startswith("13.5 of 20 Hz valid, below the minimum 16 Hz; ")
+    assert U in recorder.availabilities()
+    assert on_time(judge, at).reason is None  # its frames are valid all the same
 
 
-def test_a_model_run_may_go_on_past_its_deadline_for_long_enough_to_judge_a_hang():
-    assert policy(budget=0.05, gpu_hang_after=0.1).grace == 0.1
-    assert policy(budget=0.2, gpu_hang_after=0.1).grace == 0.2  # never shorter than a budget
+def test_the_minimum_rate_may_be_set():
+    judge = policy(min_rate=10.0)
+    at = frames(judge, 0.0, 40)
+    frames(judge, at, 40, lost_every=3)
+    state = judge.availability.state
+    assert state.availability is D and "below the minimum" not in state.reason
 
 
-def test_frames_without_output_within_the_grace_are_isolated_failures_then_an_outage():
-    judge = policy(unavailable_after=3)
-    good(judge, 2)
-    verdicts = [judge.over_budget(over_budget(frame), stalled=0.02) for frame in range(3)]
-    assert [v.fault for v in verdicts] == [None] * 3
-    assert [v.reason.kind for v in verdicts] == ["frame budget", "frame budget", "no valid output"]
-    assert judge.availability.state.availability is U
+def test_the_rate_s_words_change_when_the_rate_moves_by_a_hertz_not_with_every_frame():
+    judge = policy()
+    at = frames(judge, 0.0, 40)
+    with TransitionRecorder(judge.availability) as recorder:
+        frames(judge, at, 80, lost_every=6)  # ~16.7 of 20 Hz throughout
+    overloaded = [s for s in recorder.states() if s.reason and s.reason.kind == "overloaded"]
+    assert 1 <= len(overloaded) <= 3, [str(s) for s in overloaded]
 
 
-def test_evidence_that_reaches_the_hang_bound_within_the_clocks_rounding_is_a_hang():
-    judge = policy(gpu_hang_after=0.1)
-    good(judge, 2)
-    assert judge.over_budget(over_budget(), stalled=0.05 + 0.05 - 1e-12).fault is not None
-    judge = policy(gpu_hang_after=0.1)
-    good(judge, 2)
-    assert judge.over_budget(over_budget(), stalled=0.0999).fault is None
+@pytest.mark.parametrize(
+    ("throttled", "waited", "cause"),
+    [
+        (0.2, 0.2, "throttled by its CPU quota"),
+        (0.0, 0.4, "out-competed for the CPU"),
+        (0.0, 0.01, "its work takes longer than the camera's frame period"),
+    ],
+)
+def test_the_host_s_load_says_why_the_service_cannot_keep_up(throttled, waited, cause):
+    seconds = [0.0]
+
+    def host() -> HostSample:  # cumulative figures growing at the given rates
+        return HostSample(throttled * seconds[0], waited * seconds[0])
+
+    judge = policy(host=host)
+    at = 0.0
+    for k in range(80):
+        seconds[0] = at
+        judge.arrived(at)
+        if k >= 40 and k % 3 == 0:
+            judge.dropped(at)
+        else:
+            on_time(judge, at)
+        at += PERIOD
+    assert judge.availability.state.reason.detail.endswith(f"; {cause}")
+
+
+def test_a_device_fault_is_the_device_s_not_the_host_s_the_rate_starts_again():
+    judge = policy()
+    at = frames(judge, 0.0, 40)
+    for _ in range(6):  # lost while the device was hanging, before the hang was judged
+        judge.arrived(at)
+        judge.dropped(at)
+        at += PERIOD
+    assert judge.rate.verdict(at) is not None  # a seventh of the window: overloaded, so far
+    judge.device_fault(SignalTimeout(awaited="compute timeline >= 9", timeout=0.1, elapsed=0.1))
+    assert judge.rate.verdict(at) is None
+    frames(judge, at, 10)
+    assert judge.availability.state.availability is A
+
+
+def test_a_frame_that_could_not_finish_by_its_bound_is_not_started():
+    judge = policy()
+    assert judge.admits(1.0, stale_at=1.01)  # nothing worked yet: every frame is tried
+    for k in range(20):
+        judge.worked(1.0 + k * PERIOD, 0.06 if k % 10 else 0.02)  # p90 of the work: 60 ms
+    at = 2.0
+    assert judge.admits(at, stale_at=at + 0.07)
+    assert not judge.admits(at, stale_at=at + 0.05)
+    # work seen more than a window ago says nothing of now: tried again
+    assert judge.admits(at + RATE_WINDOW + 1.0, stale_at=at + RATE_WINDOW + 1.01)
+
+
+def test_replaying_nothing_is_dropped_and_no_rate_is_judged():
+    judge = policy(live=False)
+    for k in range(20):
+        judge.worked(k * PERIOD, 1.0)
+    assert judge.admits(1.0, stale_at=1.01)
+    at = 0.0
+    for _ in range(80):
+        judge.arrived(at)
+        judge.dropped(at)
+        at += PERIOD
+    assert judge.rate.verdict(at) is None
+
+
+def test_the_host_s_cpu_stat_says_how_long_a_quota_held_it_off_in_either_cgroup_version(
+    tmp_path,
+):
+    from pipelines.dms.service import _host
+
+    v1, v2 = tmp_path / "v1.stat", tmp_path / "v2.stat"
+    v1.write_text("nr_periods 10\nnr_throttled 4\nthrottled_time 2500000000\n")
+    v2.write_text("usage_usec 1\nnr_throttled 4\nthrottled_usec 1500000\n")
+    assert _host._throttled(v1) == 2.5 and _host._throttled(v2) == 1.5
+    assert _host._throttled(tmp_path / "none") == 0.0
+    assert isinstance(_host.HostLoad().sample(), HostSample)  # this machine's, whatever it is

@@ -11,7 +11,6 @@ import re
 import anyio
 import pytest
 
-from aio_runtime import reason_kind
 from pipelines.dms.camera_synthetic import SyntheticCamera
 from pipelines.dms.config import ServiceConfig
 from pipelines.dms.service import DmsService
@@ -89,9 +88,15 @@ async def test_a_stale_frame_is_published_invalid_not_processed():
     for stale in (10, 11):
         message = by_frame[stale]
         assert not message.valid and message.left_driver_data is None
-        assert re.fullmatch(r"frame budget: the frame was 1\d\d\d\.\d ms old .*", message.reason)
-    assert message.availability == "degraded"  # an isolated overrun, not an outage
-    assert all(by_frame[f].valid for f in range(20, 30))
+        assert re.fullmatch(
+            r"stale: the frame was 1\d\d\d\.\d ms old when it could be warped "
+            r"\(stale after 500 ms\)",
+            message.reason,
+        )
+    # two stale frames are no outage and no failure: the frames around them are valid
+    assert all(m.availability != "unavailable" for m in by_frame.values() if m.frame_id > 5)
+    assert all(by_frame[f].valid for f in range(12, 30))
+    assert service.summary.frames.invalid["stale"] == 2
 
 
 async def test_stale_or_non_finite_calibration_degrades_the_output():
@@ -141,29 +146,23 @@ async def test_health_reports_unavailable_while_the_camera_is_stalled():
 
 async def test_an_accelerator_that_is_slow_but_progressing_is_not_restarted():
     # A budget every frame overruns (the kernel finishes a few ms after the deadline): late
-    # frames, published with their outputs, DEGRADED — no hang, no restart.
+    # frames, published valid with their outputs and flagged late — no hang, no restart.
     config = ServiceConfig(
         device="sim",
         health_port=None,
         calib=(0.0, 0.0, 0.0),
         frames=30,
-        budget=0.028,
-        gpu_hang_after=0.5,  # a loaded machine's hiccup is not what this is about
+        budget=0.01,
+        stale_after=0.5,  # a loaded machine's hiccup is not what this is about
+        gpu_hang_after=0.5,
     )
     service, messages = await run(config)
     service.summary.frames.check()
-    late = [
-        m
-        for m in messages
-        if m.reason.startswith("frame budget: ") or "; frame budget: " in m.reason
-    ]
+    late = [m for m in messages if m.late]
     assert len(late) >= 15  # most frames overran
+    assert all(m.valid and m.frame_age > config.budget for m in late)
+    assert service.summary.frames.late == len(late)
     assert not any("gpu-queue" in m.reason or "restarting" in m.reason for m in messages)
-    assert {reason_kind(m.reason) for m in messages if m.frame_id >= 3} <= {
-        "frame budget",
-        "no valid output",
-        "recovering",  # a frame that made its budget after late ones (the machine's speed)
-    }
     opened = [t for _, t in service.summary.transitions if "opening session" in t]
     assert len(opened) == 1, opened
 

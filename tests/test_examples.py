@@ -41,10 +41,10 @@ def test_the_asyncio_embedding_example_sees_the_service_fail_and_recover_then_st
     states = [line for line in lines if line.startswith("availability:")]
     failed = [i for i, s in enumerate(states) if "unavailable(" in s and "gpu-queue" in s]
     assert failed, states
-    frames = [line for line in lines if re.match(r"frame \d+: ", line)]
+    frames = [line for line in lines if re.match(r"message \d+: ", line)]
     assert len(frames) == 2, lines
-    hung, recovered = (re.match(r"frame (\d+): (.*)", line).groups() for line in frames)
-    assert hung[1] == "unavailable, gpu-queue"  # the message's availability and reason kind
+    hung, recovered = (re.match(r"message (\d+): (.*)", line).groups() for line in frames)
+    assert hung[1] == "unavailable, gpu-queue"  # the availability and its reason's kind
     assert recovered[1] == "available again" and int(recovered[0]) > int(hung[0])
     # stopped by leaving the block: the service has no frame limit
     valid, invalid = map(

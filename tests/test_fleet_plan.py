@@ -150,9 +150,11 @@ def frames_table(states: list[tuple[str, str | None, bool]], interval_ns: int) -
     columns = {name: [None] * count for name in schema.names}
     columns.update(
         recording=["r"] * count, runId=["x"] * count, seq=list(range(count)),
-        frameId=list(range(count)), valid=[v for _, _, v in states], eventValid=[True] * count,
+        frameId=list(range(count)), valid=[v for _, _, v in states], late=[False] * count,
+        eventValid=[True] * count,
         availability=[s for s, _, _ in states], reason=[""] * count,
-        reasonKind=[k for _, k, _ in states],
+        reasonKind=[k for _, k, _ in states], availabilityReason=[""] * count,
+        availabilityReasonKind=[k for _, k, _ in states],
         timestampSof=[0] * count, timestampEof=[0] * count,
         recordedTimestampSof=[k * interval_ns for k in range(count)],
         frameAge=[0.01] * count, modelExecutionTime=[0.002 * (k + 1) for k in range(count)],

@@ -155,6 +155,27 @@ def test_the_status_event_is_customreserved0_and_carries_what_json_adds():
     assert status.readiness.outputValid and not status.replayed
 
 
+def test_the_status_event_says_a_valid_frame_was_late_and_why_the_service_is_degraded():
+    late = message(
+        availability=Availability.DEGRADED,
+        availability_reason="overloaded: 12.5 of 20 Hz valid; throttled by its CPU quota",
+        left_driver_data=driver_data(1.0),
+        right_driver_data=driver_data(2.0),
+        wheel_on_right_prob=0.25,
+        valid=True,
+        late=True,
+        reason="",
+    )
+    _, (_, wire) = events.encode(late)
+    (event,) = events.read_events(wire)
+    status = event.dmsStatus
+    assert status.valid and status.late and status.reason == ""
+    assert status.availabilityReasonKind == "overloaded"
+    assert status.availabilityReason.startswith("overloaded: 12.5 of 20 Hz valid; ")
+    record = late.to_record()
+    assert record["late"] is True and record["availabilityReasonKind"] == "overloaded"
+
+
 def test_a_replayed_frame_carries_its_recorded_timestamps_in_the_status():
     replayed = message(recorded_sof=111, recorded_eof=222)
     _, (_, wire) = events.encode(replayed)

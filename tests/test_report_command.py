@@ -83,7 +83,7 @@ def test_a_file_of_several_runs_reports_the_last_unless_told(run_file, tmp_path,
 def test_the_budget_option_is_the_line_drawn_and_the_budget_counted(run_file, tmp_path):
     out = tmp_path / "report"
     assert main(["report", str(run_file), "-o", str(out), "--budget", "0.02"]) == ExitCode.OK
-    assert "frames over the budget (20 ms)" in (out / "index.html").read_text()
+    assert "valid, late: past the budget (20 ms)" in (out / "index.html").read_text()
 
 
 @pytest.mark.parametrize(

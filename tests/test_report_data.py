@@ -160,6 +160,29 @@ def test_an_invalid_frame_still_available_starts_the_fault():
     assert episode.detection == pytest.approx(published(3, 0.07) - sof(2))
 
 
+def test_valid_frames_waiting_out_the_hysteresis_end_the_fault_and_overloaded_ones_do_not():
+    """Frames are valid whatever the availability: the closing valid ones of an episode are
+    the hysteresis (the fault had ended at the first); valid frames of a service that cannot
+    keep up (``overloaded``) are the fault itself."""
+    hung, opening, overloaded = "gpu-queue: hung", "accelerator: opening", "overloaded: 15 of 20"
+    steps = [ok(), ok(), Step("U", hung, why=hung),
+             Step("U", "model unavailable: x", why=hung),
+             Step("U", valid=True, why=opening), Step("U", valid=True, why=opening), ok(), ok(),
+             Step("D", valid=True, why=overloaded), Step("D", valid=True, why=overloaded),
+             Step("D", valid=True, why="accelerator: x"), ok()]  # fmt: skip
+    hang, overload = analyse(messages(steps), budget=0.05).episodes
+    assert hang.fault_end == pytest.approx(sof(4)) and hang.cause == "gpu-queue"
+    assert overload.cause == "overloaded" and overload.fault_end == pytest.approx(sof(10))
+
+
+def test_older_records_count_late_frames_by_the_budget():
+    records_ = records([ok(0.06), ok(0.03), Step("D", "x: y", age=0.07)])
+    for record in records_:
+        del record["late"]
+    data = analyse([Message.from_record(r) for r in records_], budget=0.05)
+    assert data.summary.late == 1  # the valid one past the budget
+
+
 def test_the_start_up_is_not_a_fault_and_an_episode_the_run_ends_in_is_not_recovered():
     steps = [Step("U", "recovering: unavailable (accelerator: opening)"), ok(), ok(),
              Step("U", "usb-transfer: no device"), Step("U", "model unavailable: restarting")]  # fmt: skip
@@ -191,7 +214,9 @@ def test_the_summary_counts_what_the_messages_say():
     }  # fmt: skip
     assert sum(summary.invalid_by_kind.values()) == 24 - valid
     assert summary.missing_frames == sum(s.skip for s in steps)
-    assert summary.over_budget == sum(1 for s in steps if not s.status and s.age > 0.05)
+    assert summary.late == sum(
+        1 for s in steps if s.state == "A" and not s.reason and not s.status and s.age > 0.05
+    )
     assert sum(summary.time_in.values()) == pytest.approx(summary.duration)
     assert summary.time_in[D] == pytest.approx(published(17) - published(15))
 

@@ -22,6 +22,7 @@ from aio_runtime import (
     ModelTimeout,
     UnboundedWaitError,
     UsbTransferTimeout,
+    can_run_realtime,
     current_deadline,
     deadline_scope,
     run_in_thread,
@@ -323,6 +324,60 @@ async def test_a_worker_thread_is_a_batch_thread_and_the_callers_thread_is_left_
         worker.close()
     assert seen == os.SCHED_BATCH
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+_REALTIME = hasattr(os, "SCHED_FIFO") and can_run_realtime(3) is None
+
+
+@pytest.mark.skipif(not _REALTIME, reason="this process may not take a real-time priority here")
+async def test_inside_realtime_threads_the_caller_and_its_worker_threads_run_at_that_priority():
+    from aio_runtime import WorkerThread, realtime_threads
+
+    before = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    with realtime_threads(3):
+        assert os.sched_getscheduler(0) == os.SCHED_FIFO
+        worker = WorkerThread("real-time")
+        try:
+            seen = await run_in_thread(
+                lambda: (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority),
+                awaited="scheduling policy",
+                error=ModelTimeout,
+                timeout=5,
+                worker=worker,
+            )
+        finally:
+            worker.close()
+    assert seen == (os.SCHED_FIFO, 3)
+    assert (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) == before
+
+
+def test_a_real_time_priority_this_process_may_not_take_is_said_not_taken(monkeypatch):
+    def refused(policy, *args):
+        if policy == os.SCHED_FIFO:
+            raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", lambda pid, policy, param: refused(policy))
+    failure = can_run_realtime(3)
+    assert isinstance(failure, PermissionError)
+    from pipelines.dms.config import ServiceConfig
+
+    with pytest.raises(ValueError, match=r"^realtime 3: this process may not run threads at a"):
+        ServiceConfig(realtime=3, health_port=None).check_environment()
+
+
+def test_starvation_is_the_longest_wait_of_a_worker_thread_between_two_looks(monkeypatch):
+    from aio_runtime import Starvation
+    from aio_runtime._core import _starvation
+
+    waits = {11: 1.0, 12: 5.0}
+    monkeypatch.setattr(_starvation, "worker_thread_ids", lambda: list(waits))
+    monkeypatch.setattr(_starvation, "run_queue_wait", lambda tid=None: waits.get(tid))
+    starvation = Starvation()
+    assert starvation.since_last() == 0.0  # the first look: nothing to compare
+    waits.update({11: 1.02, 12: 5.07, 13: 9.0})  # 13 is new: no earlier reading
+    assert starvation.since_last() == pytest.approx(0.07)
+    del waits[12]  # ended
+    assert starvation.since_last() == pytest.approx(0.0)
 
 
 async def test_a_call_whose_submitted_hook_fails_is_withdrawn_and_never_runs():

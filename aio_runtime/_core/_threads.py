@@ -30,6 +30,7 @@ import contextvars
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from typing import TypeVar, Unpack, overload
 
@@ -39,7 +40,15 @@ from ._completion import Completion
 from ._ownership import LedgerKind, current_ledger
 from ._waits import drain, wait_complete
 
-__all__ = ["EXIT_GRACE", "PendingCall", "WorkerThread", "run_in_thread"]
+__all__ = [
+    "EXIT_GRACE",
+    "PendingCall",
+    "WorkerThread",
+    "can_run_realtime",
+    "realtime_threads",
+    "run_in_thread",
+    "worker_thread_ids",
+]
 
 T = TypeVar("T")
 
@@ -129,13 +138,21 @@ class WorkerThread:
     call from the loop, it does not preempt the thread it is placed beside. The scheduler often
     places a woken thread on its waker's CPU, and a normal thread that had slept runs there at
     once, holding the event loop's thread off its CPU for as long as the call computes (a
-    neighbour on the loop then waits milliseconds). Its share of the CPU is unchanged."""
+    neighbour on the loop then waits milliseconds). Its share of the CPU is unchanged. One made
+    inside :func:`realtime_threads` runs at its real-time priority instead (``SCHED_FIFO``)."""
 
     def __init__(self, name: str, *, cpus: Collection[int] | None = None) -> None:
         self.name = name
         self.cpus = None if cpus is None else frozenset(cpus)
+        self.priority = _realtime.get()
+        """The real-time priority it runs at (``SCHED_FIFO``); None: a batch thread."""
         self._calls: queue.SimpleQueue[PendingCall | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+
+    @property
+    def native_id(self) -> int | None:
+        """The thread's id on the platform (Linux's tid), once it has started; None before."""
+        return None if self._thread is None else self._thread.native_id
 
     def submit(self, work: Callable[[], None]) -> PendingCall:
         if self._thread is None:
@@ -146,15 +163,80 @@ class WorkerThread:
         return call
 
     def _serve(self) -> None:
-        _as_batch_thread()
+        if self.priority is None:
+            _as_batch_thread()
+        else:  # checked before the thread was asked for: one that cannot be is a batch thread
+            try:
+                _set_realtime(self.priority)
+            except OSError:
+                _as_batch_thread()
         if self.cpus is not None:
             os.sched_setaffinity(0, self.cpus)  # this thread's
-        for call in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
-            call.run()
+        _serving.add(self)
+        try:
+            for call in iter(self._calls.get, None):  # blocks on the queue (it does not poll)
+                call.run()
+        finally:
+            _serving.discard(self)
 
     def close(self) -> None:
         if self._thread is not None:
             self._calls.put(None)
+
+
+_serving: weakref.WeakSet[WorkerThread] = weakref.WeakSet()
+"""The worker threads serving calls now."""
+
+
+def worker_thread_ids() -> list[int]:
+    """The native ids of the worker threads serving calls now (the runtime's own threads)."""
+    return [tid for worker in list(_serving) if (tid := worker.native_id) is not None]
+
+
+_realtime: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "aio_runtime_realtime", default=None
+)
+
+
+def _set_realtime(priority: int) -> None:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))  # this thread's
+
+
+@contextlib.contextmanager
+def realtime_threads(priority: int | None) -> Iterator[None]:
+    """Inside the block the calling thread (an event loop's) runs at real-time ``priority``
+    (``SCHED_FIFO``, Linux), and so does every :class:`WorkerThread` made inside it, in this
+    context and the tasks started from it; after it, the calling thread's own policy is given
+    back. None: nothing changes. :class:`PermissionError` where this process may not (root,
+    ``CAP_SYS_NICE`` or an ``RLIMIT_RTPRIO`` of at least ``priority`` is needed)."""
+    if priority is None:
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    _set_realtime(priority)
+    token = _realtime.set(priority)
+    try:
+        yield
+    finally:
+        _realtime.reset(token)
+        os.sched_setscheduler(0, policy, param)
+
+
+def can_run_realtime(priority: int) -> OSError | None:
+    """Whether a thread of this process may run at real-time ``priority``: tried on a thread of
+    its own that then ends (None: it may; else why not)."""
+    failure: list[OSError] = []
+
+    def probe() -> None:
+        try:
+            _set_realtime(priority)
+        except OSError as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=probe, name="real-time probe", daemon=True)
+    thread.start()
+    thread.join()
+    return failure[0] if failure else None
 
 
 def _as_batch_thread() -> None:

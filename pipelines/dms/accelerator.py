@@ -10,7 +10,10 @@ caller keeps is reused by the next frame. The simulated GPU that can
 run the model is in :mod:`pipelines.dms.accelerator_sim`.
 
 While a run is in progress the runner looks at the device (:class:`StallEvidence`): how a hung
-device — one that makes no progress — is told from a slow one, and from a host too busy to look.
+device — one that makes no progress — is told from a slow one, and from a host too busy to look
+or, for the simulated GPU whose kernel is a thread of this process, too busy to run it: time the
+event loop was late to look and time the runtime's worker threads waited for a CPU
+(:class:`~aio_runtime.Starvation`) are no evidence.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ import numpy as np
 from aio_runtime import (
     BudgetExhausted,
     DeviceLost,
+    HardwareTimeout,
+    Layer,
     Readiness,
     RuntimeFault,
     SignalTimeout,
+    Starvation,
     current_deadline,
     now,
     wait_complete,
@@ -46,6 +52,9 @@ _CALIB_BYTES = 16
 LOOKS_PER_HANG = 4
 """How often a run in progress is looked at within its hang bound (the ``timeout`` of
 :meth:`AcceleratorRunner.run`)."""
+_RESOLUTION = 1e-9
+"""Seconds within which evidence of no progress reaches the hang bound: the evidence is a sum of
+intervals of the loop clock, which rounds."""
 
 
 @dataclass(frozen=True)
@@ -126,12 +135,21 @@ class AcceleratorRunner:
         """The compute timeline as last seen (from the start: where the last kernel issued left
         it)."""
         self._evidence = StallEvidence()
+        self._starvation = Starvation()
+        """How long the runtime's threads (the simulated GPU's kernel among them) waited for a
+        CPU between looks: time in which the host, not the device, could not run."""
         self._looking = False
         """A look (a read of the device) is in progress."""
         self._running = anyio.CancelScope()
         """The run in progress: a look that finds the device in its error state cancels it."""
         self._error = 0
         """The error state a look found (0: none)."""
+        self._hung: HardwareTimeout | None = None
+        """A look found the evidence of no progress at the hang bound: the run's error."""
+        self._answered = True
+        """The last look had an answer from the device."""
+        self._copying = False
+        """The run is copying its inputs in (else: its kernel and the copy-out)."""
 
     @classmethod
     async def open(
@@ -172,8 +190,13 @@ class AcceleratorRunner:
         progress. Outside a deadline scope it bounds the kernel's wait (a
         :class:`~aio_runtime.SignalTimeout` past it). Inside one (a frame's) the scope bounds
         every wait, and the device is looked at every ``timeout / LOOKS_PER_HANG`` while the run
-        is in progress: :meth:`stalled_for` then tells a device that made no progress for
-        ``timeout`` from a slow one, without reading a busy host as a hung device."""
+        is in progress, which tells a device that made no progress for ``timeout`` from a slow
+        one, without reading a busy host as a hung device: once the evidence reaches
+        ``timeout`` (over this run and the runs before it that the device still owes) the run
+        ends with a :class:`~aio_runtime.HardwareTimeout` there and then — under the layer the
+        looks found silent: ``usb-transfer`` where the device did not answer, else
+        ``gpu-queue`` — and :meth:`stalled_for` says how long, for a run its frame's bound cut
+        first."""
         if not timeout > 0:
             raise ValueError(f"the hang bound must be a positive number of seconds, got {timeout}")
         img = np.ascontiguousarray(image, dtype=np.uint8).reshape(-1)
@@ -190,8 +213,10 @@ class AcceleratorRunner:
         failure: Exception | None = None
         ended = anyio.Event()
         self._error = 0
+        self._hung = None
+        self._starvation.since_last()  # the looks count from here
         async with anyio.create_task_group() as looks:
-            looks.start_soon(self._look_until, ended, timeout / LOOKS_PER_HANG)
+            looks.start_soon(self._look_until, ended, timeout)
             try:
                 with anyio.CancelScope() as self._running:
                     result = await self._run(img, cal, timeout)
@@ -200,7 +225,9 @@ class AcceleratorRunner:
             ended.set()  # the looker is done at its next step...
             if self._looking:
                 looks.cancel_scope.cancel()  # ...or at once, from a look in progress
-        if self._running.cancelled_caught:  # a look found the device in its error state
+        if self._running.cancelled_caught and self._hung is not None:
+            failure = self._hung
+        elif self._running.cancelled_caught:  # a look found the device in its error state
             failure = GpuFault(
                 f"the GPU entered its error state (interrupt 0x{self._error:x}) while running "
                 "the model",
@@ -217,7 +244,11 @@ class AcceleratorRunner:
         assert self._buffers is not None
         inputs, output_buffer = self._buffers
         start = time.perf_counter()
-        await self.session.copy_in(inputs, img, cal)  # after any kernel still reading them
+        self._copying = True
+        try:
+            await self.session.copy_in(inputs, img, cal)  # after any kernel still reading them
+        finally:
+            self._copying = False
         self._progressed()
         copied = time.perf_counter()
         submitted = [copied]
@@ -240,20 +271,46 @@ class AcceleratorRunner:
         self._steps += 1
         self._evidence.progressed(now(), (self._steps, self._timeline))
 
-    async def _look_until(self, ended: anyio.Event, interval: float) -> None:
-        """Until the run has ended, look at the device every ``interval``, noting how late each
-        look was."""
+    async def _look_until(self, ended: anyio.Event, hang_after: float) -> None:
+        """Until the run has ended, look at the device every ``hang_after / LOOKS_PER_HANG``,
+        noting how late each look was; end the run as hung once the evidence reaches
+        ``hang_after``."""
+        interval = hang_after / LOOKS_PER_HANG
+        due = now() + interval
         while True:
-            due = now() + interval
             try:
                 await wait_complete(
-                    ended, awaited="the run's end", error=SignalTimeout, timeout=interval
+                    ended,
+                    awaited="the run's end",
+                    error=SignalTimeout,
+                    timeout=max(0.0, due - now()),
                 )
                 return
             except SignalTimeout:  # still running: time to look
-                await self._look(bound=interval, late=max(0.0, now() - due))
+                looked = now()
+                await self._look(bound=interval, late=max(0.0, looked - due))
             except BudgetExhausted:  # the run's bound ran out: the run is cut there too
                 return
+            due = looked + interval  # a look the device did not answer took that long already
+            stalled = self._evidence.stalled
+            if stalled >= hang_after - _RESOLUTION:
+                self._hung = self._hang(stalled, hang_after)
+                self._running.cancel()
+                return
+
+    def _hang(self, stalled: float, hang_after: float) -> HardwareTimeout:
+        """The error of a run on a device seen to make no progress for ``stalled`` seconds."""
+        copying = self._copying
+        return HardwareTimeout(
+            awaited=(
+                "the model's inputs copied in" if copying else "the model's kernel and copy-out"
+            ),
+            timeout=hang_after,
+            elapsed=stalled,
+            layer=Layer.GPU_QUEUE if self._answered else Layer.USB_TRANSFER,
+            detail="the accelerator has made no progress: hung"
+            + ("" if self._answered else " (it does not answer)"),
+        )
 
     async def _look(self, *, bound: float, late: float) -> None:
         """Read the timeline (within ``bound``: a device that does not answer has made no
@@ -274,8 +331,10 @@ class AcceleratorRunner:
         finally:
             self._looking = False
         end = now()
+        late += self._starvation.since_last()  # a starved host is no evidence against the device
         if steps != self._steps:
             return  # a step finished meanwhile: that is the news
+        self._answered = value is not None
         if value is None:
             overrun = max(0.0, end - start - bound) if scope.cancelled_caught else 0.0
             self._evidence.looked(end, None, late=late + overrun)

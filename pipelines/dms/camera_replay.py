@@ -15,14 +15,15 @@ import os
 from pathlib import Path
 
 from .camera import Frame
-from .camera_sources import RecordedTime, SourceBase
+from .camera_recorded import RecordedSource
 from .recording_reader import RecordingReader
 
 __all__ = ["ReplayCamera"]
 
 
-class ReplayCamera(SourceBase):
-    """A recording replayed as a camera, re-timed onto the loop clock (see the module docstring).
+class ReplayCamera(RecordedSource):
+    """A recording replayed as a camera, re-timed onto the loop clock (see the module docstring),
+    read ahead as every recorded source is (:class:`~pipelines.dms.camera_sources.RecordedSource`).
 
     Opening the file (on the first request, or :meth:`open`) and reading each frame run on the
     camera's worker thread, bounded by ``read_timeout`` (:class:`~aio_runtime.CameraTimeout`). A missing file
@@ -32,12 +33,13 @@ class ReplayCamera(SourceBase):
     def __init__(
         self, path: str | os.PathLike[str], *, read_timeout: float = 2.0, paced: bool = True
     ) -> None:
+        super().__init__(paced=paced)
         self.path = Path(path)
+        self._where = f"recording {self.path}"
         self.read_timeout = read_timeout
-        self.paced = paced
         self._reader: RecordingReader | None = None
         self._next = 0
-        self._clock = RecordedTime(paced=paced)
+        """The next record to read (the worker thread's)."""
 
     async def open(self) -> RecordingReader:
         """Open and validate the recording (done by the first frame request if not before)."""
@@ -52,25 +54,31 @@ class ReplayCamera(SourceBase):
             self.length = len(self._reader)
         return self._reader
 
-    async def _next_frame(self) -> Frame:
-        reader = await self.open()
-        index = self._next
-        if index >= len(reader):
-            await self.aclose()
-            raise StopAsyncIteration
-        recorded = await self._blocking(
-            lambda: reader.read(index),
-            awaited=f"reading frame record {index} of {self.path}",
-            timeout=self.read_timeout,
-        )
+    def _read_recorded(self) -> Frame | None:
+        reader = self._reader
+        if reader is None or self._next >= len(reader):
+            return None
+        frame = reader.read(self._next)
         self._next += 1
-        return self._clock.retimed(recorded)
+        return frame
+
+    def _skip_recorded(self, recorded_sof: int) -> int:
+        reader, start = self._reader, self._next
+        if reader is None:
+            return 0
+        records = reader.records  # their headers say when: the frames are not read
+        self._next = next(
+            (k for k in range(start, len(records)) if records[k].sof >= recorded_sof),
+            len(records),
+        )
+        return self._next - start
 
     async def aclose(self) -> None:
         """Close the file (after any read still running on its worker thread)."""
         self._closed = True
         reader, self._reader = self._reader, None
         try:
+            self._withdraw()
             if reader is not None:
                 await self._blocking(
                     reader.close,

@@ -4,10 +4,11 @@ Every source is a :class:`FrameSource`: an async iterator of :class:`~pipelines.
 with ``aclose()``. Sources pace on the running event loop's clock (:func:`wait_until_ns`), so they
 run in real time in a service and deterministically, in milliseconds, under
 :func:`aio_runtime.testing.virtual_time`. The synthetic camera and calibration stream are in
-:mod:`pipelines.dms.camera_synthetic`, the video-file source in :mod:`pipelines.dms.camera_video`,
-recorded replay in :mod:`pipelines.dms.camera_replay`, openpilot's route segments in
-:mod:`pipelines.dms.openpilot.segments`; :func:`open_camera` opens the one a
-:data:`~pipelines.dms.config.CameraSpec` names.
+:mod:`pipelines.dms.camera_synthetic`; the sources of recorded frames share
+:mod:`pipelines.dms.camera_recorded` (read ahead, delivered as a camera delivers): the video-file
+source in :mod:`pipelines.dms.camera_video`, recorded replay in :mod:`pipelines.dms.camera_replay`,
+openpilot's route segments in :mod:`pipelines.dms.openpilot.segments`; :func:`open_camera` opens the
+one a :data:`~pipelines.dms.config.CameraSpec` names.
 
 Timing, as camerad produces it (spec section 5): capture period ``k`` starts at
 ``origin + k * period`` (plus jitter, if asked for), where ``origin`` is the loop clock when the
@@ -135,16 +136,19 @@ class SourceBase(ClosableStream):
     async def _blocking(self, call: Callable[[], T], *, awaited: str, timeout: float) -> T:
         """``call()`` on the source's worker thread, bounded by ``timeout``
         (:class:`~aio_runtime.CameraTimeout`)."""
-        if self._worker is None:
-            self._worker = WorkerThread(f"camera {type(self).__name__}")
         return await run_in_thread(
             call,
             awaited=awaited,
             error=CameraTimeout,
             layer=Layer.CAMERA,
             timeout=timeout,
-            worker=self._worker,
+            worker=self._worker_thread(),
         )
+
+    def _worker_thread(self) -> WorkerThread:
+        if self._worker is None:
+            self._worker = WorkerThread(f"camera {type(self).__name__}")
+        return self._worker
 
     def _end_worker(self) -> None:
         """Let the worker thread end (once the calls handed to it have run)."""

@@ -26,7 +26,8 @@ from .camera import (
     camera_for_resolution,
     nv12_layout,
 )
-from .camera_sources import SourceBase, clock_ns, period_ns
+from .camera_recorded import RecordedSource
+from .camera_sources import period_ns
 
 __all__ = ["VideoDecodeError", "VideoFileCamera", "bgr_to_nv12"]
 
@@ -65,7 +66,7 @@ def bgr_to_nv12(bgr: npt.NDArray[np.uint8]) -> Buffer:
     return buffer
 
 
-class VideoFileCamera(SourceBase):
+class VideoFileCamera(RecordedSource):
     """Frames decoded from a video file, converted to NV12 and paced like a camera.
 
     * ``fps`` — pace (default: the file's own rate; a file that reports none needs one).
@@ -80,8 +81,12 @@ class VideoFileCamera(SourceBase):
 
     A missing file raises :class:`FileNotFoundError`; a file OpenCV cannot open or that yields no
     frame raises :class:`VideoDecodeError`, both when the first frame is requested (or on
-    :meth:`open`).
+    :meth:`open`). Frames are read ahead, as every recorded source's
+    (:class:`~pipelines.dms.camera_sources.RecordedSource`); a frame's recorded times are its
+    index times the frame period (0 for a file replayed that reports no rate).
     """
+
+    _reading = "decoding"
 
     def __init__(
         self,
@@ -94,8 +99,10 @@ class VideoFileCamera(SourceBase):
         decode_timeout: float = 2.0,
         paced: bool = True,
     ) -> None:
+        super().__init__(paced=paced)
         self.path = Path(path)
-        self.paced = paced
+        self._where = f"video file {self.path}"
+        self.read_timeout = decode_timeout
         self.fps = fps
         if fps is not None:
             period_ns(fps)
@@ -108,8 +115,8 @@ class VideoFileCamera(SourceBase):
         self._capture: cv2.VideoCapture | None = None
         self._lock = threading.Lock()  # one OpenCV call at a time: a read, or the release
         self._period_ns = 0
-        self._origin_ns: int | None = None
         self._next_id = 0
+        """The next frame's id (the worker thread's)."""
 
     async def open(self) -> None:
         """Open the file (on a worker thread); done by the first frame request if not before."""
@@ -127,17 +134,15 @@ class VideoFileCamera(SourceBase):
         self._capture = capture
         frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
         self.length = int(frames) if frames > 0 and not self.loop else None
-        if not self.paced:
-            return  # stamped as each frame is read: the file's rate does not matter
-        if self.fps is None:
-            if not (math.isfinite(rate) and rate > 0):
-                capture.release()
-                self._capture = None
-                raise VideoDecodeError(
-                    f"video file {self.path} reports no frame rate ({rate!r}); pass fps="
-                )
+        if self.fps is None and math.isfinite(rate) and rate > 0:
             self.fps = rate
-        self._period_ns = period_ns(self.fps)
+        if self.fps is None and self.paced:
+            capture.release()
+            self._capture = None
+            raise VideoDecodeError(
+                f"video file {self.path} reports no frame rate ({rate!r}); pass fps="
+            )
+        self._period_ns = 0 if self.fps is None else period_ns(self.fps)
 
     def _open_blocking(self) -> tuple[cv2.VideoCapture, float]:
         capture = cv2.VideoCapture(str(self.path))
@@ -175,28 +180,20 @@ class VideoFileCamera(SourceBase):
             )
         return bgr_to_nv12(bgr), width, height
 
-    async def _next_frame(self) -> Frame:
-        await self.open()
+    def _read_recorded(self) -> Frame | None:
         frame_id = self._next_id
-        decoded = await self._blocking(
-            lambda: self._read_blocking(frame_id),
-            awaited=f"decoding frame {frame_id} of {self.path}",
-            timeout=self.decode_timeout,
-        )
-        if decoded is None or self._closed:
-            await self.aclose()
-            raise StopAsyncIteration
+        decoded = self._read_blocking(frame_id)
+        if decoded is None:
+            return None
         buffer, width, height = decoded
         self._next_id += 1
-        if self._origin_ns is None:
-            self._origin_ns = clock_ns()
         readout = self.readout_ns
         if readout is None:
             try:
                 readout = camera_for_resolution(width, height).readout_ns
             except UnknownCameraError:
                 readout = 0
-        sof = self._origin_ns + frame_id * self._period_ns if self.paced else clock_ns()
+        sof = frame_id * self._period_ns
         return Frame(
             buffer,
             width,
@@ -211,6 +208,7 @@ class VideoFileCamera(SourceBase):
         """Release the decoder (after any decode still running on its worker thread)."""
         self._closed = True
         try:
+            self._withdraw()
             if self._capture is not None:
                 await self._blocking(
                     self._release_blocking,

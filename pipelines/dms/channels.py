@@ -136,15 +136,18 @@ class FrameAccounting:
     valid: int = 0
     invalid: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
+    late: int = 0
+    """Of the valid frames, those published after their deadline."""
 
     def receive(self) -> None:
         self.received += 1
 
-    def published(self, valid: bool, reason: str = "") -> str | None:
-        """Count a published frame; an invalid one under its reason's kind, which is returned
-        (None for a valid frame)."""
+    def published(self, valid: bool, reason: str = "", *, late: bool = False) -> str | None:
+        """Count a published frame (a valid one ``late`` or not); an invalid one under its
+        reason's kind, which is returned (None for a valid frame)."""
         if valid:
             self.valid += 1
+            self.late += late
             return None
         kind = reason_kind(reason) or "unspecified"
         self.invalid[kind] += 1

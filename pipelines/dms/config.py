@@ -14,14 +14,22 @@ calibration, the model's CPUs) may be given as that text: it is parsed once, as 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import config_machine
 from . import config_values as values
-from .config_kinds import CameraFile, CameraSpec, DeviceKind, Mode, Synthetic, parse_camera
+from .config_kinds import (
+    CameraFile,
+    CameraSpec,
+    DeviceKind,
+    Mode,
+    Synthetic,
+    camera_value,
+    parse_camera,
+)
 from .config_values import (
     Calibration,
     ModelCpus,
@@ -29,9 +37,10 @@ from .config_values import (
     is_loopback,
     setting,
 )
-from .faults import FAULT_NAMES, FaultSpec, parse_faults
+from .faults import FAULT_NAMES, FaultSpec, faults_value, parse_faults
 
 __all__ = [
+    "STALE_AFTER",
     "CameraFile",
     "CameraSpec",
     "DeviceKind",
@@ -47,15 +56,8 @@ __all__ = [
 
 # --- declarations ----------------------------------------------------------------------------
 
-
-def _camera(value: Any) -> str | None:
-    ok = isinstance(value, (Synthetic, CameraFile))
-    return None if ok else "must be 'synthetic', a video file, a recording or a segment directory"
-
-
-def _faults(value: Any) -> str | None:
-    ok = isinstance(value, tuple) and all(isinstance(item, FaultSpec) for item in value)
-    return None if ok else "must be fault specs (NAME@FRAME[+FRAMES], comma-separated)"
+STALE_AFTER = 0.100
+"""The staleness bound by default: two frame periods at 20 Hz."""
 
 
 @dataclass
@@ -67,7 +69,7 @@ class ServiceConfig:
         "synthetic, a video file, a recording (replayed), or an openpilot route segment "
         "directory (its dcamera.hevc, timed by its rlog)",
         parse=parse_camera,
-        check=_camera,
+        check=camera_value,
         metavar="synthetic|PATH",
         commands=("run",),
     )
@@ -88,10 +90,23 @@ class ServiceConfig:
     )
     budget: float = setting(
         0.050,
-        "seconds from start of frame to publication (one frame period at 20 Hz)",
+        "seconds from start of frame to the frame's deadline (one frame period at 20 Hz): a valid "
+        "output published after it is valid and flagged late",
         parse=values.number,
         check=values.within(0, 10),
     )
+    stale_after: float | None = setting(
+        None, "seconds from start of frame after which an output is of no use: every wait for "
+        "the frame ends there, and a frame older than this is invalid (stale); at least the "
+        "budget", parse=values.number, check=values.optional(values.within(0, 10)),
+        shown=f"{STALE_AFTER:g} s (two frame periods at 20 Hz), or the budget if that is longer",
+    )  # fmt: skip
+    min_rate: float | None = setting(
+        None, "valid frames per second below which a service that cannot keep up is unavailable "
+        "(overloaded); above it, fewer frames than the camera's are degraded",
+        parse=values.number, check=values.optional(values.within(0, 1000, "frames per second")),
+        metavar="HZ", shown="0.8 x the camera's rate: 16 Hz at 20 Hz, what openpilot needs",
+    )  # fmt: skip
     recover_after: int = setting(
         3, "good frames in a row before the service is available again", parse=values.integer,
         check=values.at_least_one,
@@ -106,8 +121,9 @@ class ServiceConfig:
     gpu_hang_after: float = setting(
         0.1,
         "seconds the accelerator may be seen to make no progress on a run before it counts as "
-        "hung (unavailable, restarted). A run still progressing at its frame's deadline may "
-        "finish within a grace (the larger of this and the budget): published late (degraded)",
+        "hung (unavailable, restarted); time this host could not run (its event loop late, its "
+        "worker threads waiting for a CPU) is no evidence: a starved host is overloaded, not a "
+        "hung device",
         parse=values.number,
         check=values.within(0, 60),
     )
@@ -259,7 +275,7 @@ class ServiceConfig:
         "scripted faults, comma-separated NAME@FRAME[+FRAMES], e.g. gpu-hang@40+20; names: "
         + ", ".join(FAULT_NAMES),
         parse=lambda text: tuple(parse_faults(text)),
-        check=_faults,
+        check=faults_value,
         metavar="SPEC",
         shown="none",
     )
@@ -282,6 +298,13 @@ class ServiceConfig:
         shown="none",
         command_line_default="auto",
     )
+    realtime: int | None = setting(
+        None, "run the service's threads (the event loop's, the warp's, the model's, the "
+        "simulated GPU's, the camera's) at this real-time priority (SCHED_FIFO, 1-99), as "
+        "openpilot's dmonitoringmodeld does on a shared computer (their CPUs: --model-cpus); "
+        "needs the privilege to", parse=config_machine.realtime,
+        check=config_machine.realtime_value, metavar="PRIORITY", shown="off",
+    )  # fmt: skip
     model_load_timeout: float = setting(
         10.0, "seconds to load the model (its contract, its session)", parse=values.number,
         check=values.positive,
@@ -328,6 +351,11 @@ class ServiceConfig:
             values.check_zmq_address(self.zmq, allow_remote=self.allow_remote)
         if self.calib is not None:
             self.calib = values.check_calibration(self.calib)
+        if self.stale_after is not None and self.stale_after < self.budget:
+            raise ValueError(
+                f"stale_after must be at least the budget ({self.budget:g} s), "
+                f"got {self.stale_after:g}"
+            )
         if self.backoff_max < self.backoff_initial:
             raise ValueError(
                 f"backoff_max must be at least backoff_initial ({self.backoff_initial}), "
@@ -341,54 +369,23 @@ class ServiceConfig:
         if self.device is DeviceKind.CPU and any(spec.device is not None for spec in self.faults):
             raise ValueError("accelerator faults need --device sim")
 
+    @property
+    def staleness(self) -> float:
+        """Seconds from start of frame to a frame's staleness bound: ``stale_after``, or by
+        default :data:`STALE_AFTER` or the budget, whichever is longer."""
+        return max(STALE_AFTER, self.budget) if self.stale_after is None else self.stale_after
+
     def check_environment(self) -> None:
-        """What depends on the machine: the camera and model files exist and can be read (a
-        camera directory holds a route segment's video and log); the JSON lines file can be
-        written (its directory exists; a file already there only when appending to it), and so
-        can the log and the Parquet file (new files); the model's CPUs are CPUs this process may
-        use, with one left for the event loop. :class:`ValueError` saying what was expected. (A
-        port in use is found as the service binds it.)"""
-        if isinstance(self.camera, CameraFile):
-            self.camera.check_environment()
-        if self.model is not None:
-            values.readable_file("model", self.model, "expected an ONNX model file")
-        if self.jsonl is not None and self.jsonl != "-":
-            values.writable_file("jsonl", Path(self.jsonl))
-            if not self.jsonl_append and Path(self.jsonl).is_file():
-                raise ValueError(
-                    f"jsonl {self.jsonl!r} exists: refused unless jsonl_append (--append) is set"
-                )
-        if self.rlog is not None:
-            values.new_file("rlog", self.rlog)
-        if self.parquet is not None:
-            values.new_file("parquet", self.parquet)
-        self.placed_cpus()
+        """What depends on the machine (:func:`pipelines.dms.config_machine.check_environment`):
+        :class:`ValueError` saying what was expected. (A port in use is found as the service
+        binds it.)"""
+        config_machine.check_environment(self)
 
     def placed_cpus(self) -> frozenset[int] | None:
         """The CPUs of the CPU runner's thread on this machine (``auto`` resolved); None for no
         placement, which is also the answer for any other device. CPUs named are checked
         whatever the device: :class:`ValueError` for CPUs there are not."""
-        cpus = self.model_cpus
-        if cpus is None:
-            return None
-        if not hasattr(os, "sched_getaffinity"):
-            if cpus == "auto":
-                return None  # placement is Linux's; auto stands down elsewhere
-            raise ValueError("model_cpus needs CPU placement, which only Linux offers here")
-        available = os.sched_getaffinity(0)
-        if cpus != "auto":
-            if not cpus or not set(cpus) <= available:
-                raise ValueError(
-                    f"model_cpus must be some of the CPUs this process may use "
-                    f"({sorted(available)}), got {list(cpus)}"
-                )
-            if not available - set(cpus):
-                raise ValueError(f"model_cpus {list(cpus)} leaves no CPU for the event loop")
-        if self.device is not DeviceKind.CPU:
-            return None  # the CPUs are for the CPU runner's thread: elsewhere none are placed
-        if cpus == "auto":
-            return frozenset({max(available)}) if len(available) >= 2 else None
-        return frozenset(cpus)
+        return config_machine.placed_cpus(self.model_cpus, cpu_device=self.device is DeviceKind.CPU)
 
 
 def settings() -> Iterator[tuple[dataclasses.Field[Any], Setting]]:

@@ -19,6 +19,7 @@ __all__ = [
     "DeviceKind",
     "Mode",
     "Synthetic",
+    "camera_value",
     "parse_camera",
 ]
 
@@ -83,6 +84,11 @@ class CameraFile:
 
 
 CameraSpec = Synthetic | CameraFile
+
+
+def camera_value(value: object) -> str | None:
+    ok = isinstance(value, (Synthetic, CameraFile))
+    return None if ok else "must be 'synthetic', a video file, a recording or a segment directory"
 
 
 def parse_camera(text: str) -> CameraSpec:

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 from transports.sim import Fault
 
-__all__ = ["DEVICE_FAULTS", "FAULT_NAMES", "FaultSpec", "ServiceFault", "parse_faults"]
+__all__ = [
+    "DEVICE_FAULTS",
+    "FAULT_NAMES",
+    "FaultSpec",
+    "ServiceFault",
+    "faults_value",
+    "parse_faults",
+]
 
 DEVICE_FAULTS: dict[str, Fault] = {
     "gpu-hang": Fault.KERNEL_HANG,
@@ -68,6 +75,11 @@ class FaultSpec:
     def service(self) -> ServiceFault | None:
         """The service's own fault this is, if it is one."""
         return SERVICE_FAULTS.get(self.name)
+
+
+def faults_value(value: object) -> str | None:
+    ok = isinstance(value, tuple) and all(isinstance(item, FaultSpec) for item in value)
+    return None if ok else "must be fault specs (NAME@FRAME[+FRAMES], comma-separated)"
 
 
 def parse_faults(spec: str) -> list[FaultSpec]:

@@ -22,10 +22,15 @@ when enabled: base64 of the little-endian float32 output). Added here:
   is none) and ``reasonKind`` (the reason's kind, e.g. ``gpu-queue``; null when there is none);
 - ``readiness``: the five readiness layers (device online, firmware ready, queue submittable,
   task complete, output valid), each true or false;
-- ``valid``: true only when the frame was fresh, the calibration valid, the output valid and the
-  service available. openpilot always sets ``valid`` true; here it is honest. An invalid message
-  still says why (``reason``, written ``"<kind>: <detail>"``) and carries no driver data when
-  there was no trustworthy output.
+- ``valid``: true only when the output and the calibration were valid and the frame's age at
+  publication within the staleness bound (``stale_after``), whatever the availability (design
+  C13). openpilot always sets ``valid`` true; here it is honest. An invalid message says why
+  (``reason``, written ``"<kind>: <detail>"``) and carries no driver data when there was no
+  trustworthy output (a valid message's is empty);
+- ``availabilityReason`` and ``availabilityReasonKind``: why the service is not AVAILABLE (empty
+  and null while it is), on every message, valid or not — e.g. ``overloaded: 12.5 of 20 Hz valid;
+  ...`` beside valid frames: fewer frames, each good;
+- ``late``: a valid frame published after its deadline (start of frame + ``budget``).
 
 While no frames arrive (a stalled camera) a *status message* is published each stall period:
 ``frameId`` -1, both timestamps 0, ``frameAge`` the age of the newest frame, ``valid`` false and the
@@ -111,6 +116,10 @@ class DriverStateV2:
     reason: str
     valid: bool
     readiness: Mapping[str, bool]
+    late: bool = False
+    """A valid frame published after its deadline."""
+    availability_reason: str = ""
+    """Why the service is not AVAILABLE ("" while it is)."""
     model_execution_time: float = 0.0
     gpu_execution_time: float = 0.0
     """Seconds the model took on its device: the CPU runner's run, or on the accelerator from the
@@ -146,12 +155,19 @@ class DriverStateV2:
                 )
         if self.valid and (self.left_driver_data is None or self.right_driver_data is None):
             raise ValueError("a valid message carries driver data for both sides")
+        if self.late and not self.valid:
+            raise ValueError("only a valid message is late (an invalid one says why it is not)")
 
     @property
     def reason_kind(self) -> str | None:
         """What the reason is about (:attr:`aio_runtime.Reason.kind`: ``gpu-queue``, ``camera``,
         ``frame budget``...); None when there is no reason."""
         return Reason.of(self.reason).kind if self.reason else None
+
+    @property
+    def availability_reason_kind(self) -> str | None:
+        """What the availability's reason is about; None while AVAILABLE."""
+        return Reason.of(self.availability_reason).kind if self.availability_reason else None
 
     def to_record(self) -> dict[str, Any]:
         """The JSON record (camelCase), the same for every sink."""
@@ -163,9 +179,12 @@ class DriverStateV2:
             "timestampEof": self.timestamp_eof,
             "frameAge": self.frame_age,
             "valid": self.valid,
+            "late": self.late,
             "availability": self.availability.value,
             "reason": self.reason,
             "reasonKind": self.reason_kind,
+            "availabilityReason": self.availability_reason,
+            "availabilityReasonKind": self.availability_reason_kind,
             "readiness": {name: bool(self.readiness[name]) for name in READINESS_LAYERS},
             "modelExecutionTime": self.model_execution_time,
             "gpuExecutionTime": self.gpu_execution_time,

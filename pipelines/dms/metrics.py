@@ -148,7 +148,15 @@ class Metrics:
             "dms_frames_published", "Frames published", ["valid"], registry=r
         )
         self.frames_dropped = Counter(
-            "dms_frames_dropped", "Frames dropped (latest frame wins)", ["stage"], registry=r
+            "dms_frames_dropped",
+            "Frames dropped, by where: replaced by a newer frame (latest frame wins), not started "
+            "(overload), skipped by a recorded source that fell behind (camera), stopped "
+            "(shutdown)",
+            ["stage"],
+            registry=r,
+        )
+        self.frames_late = Counter(
+            "dms_frames_late", "Frames published valid after their deadline", registry=r
         )
         self.invalid_frames = Counter(
             "dms_invalid_frames",

@@ -46,11 +46,13 @@ AVAILABILITY_STATES = ("available", "degraded", "unavailable")
 
 class FrameCounts(TypedDict):
     """How the frames that reached the service ended (``published == valid + invalid``;
-    ``received == published + dropped``)."""
+    ``received == published + dropped``; ``late``: of the valid frames, those published after
+    their deadline)."""
 
     received: int
     published: int
     valid: int
+    late: int
     invalid: int
     dropped: int
 
@@ -160,6 +162,7 @@ def summary_record(
             received=frames.received,
             published=frames.valid + sum(invalid.values()),
             valid=frames.valid,
+            late=frames.late,
             invalid=sum(invalid.values()),
             dropped=sum(dropped.values()),
         ),
@@ -227,7 +230,7 @@ def _record(
 def record_before_start(facts: RunFacts) -> RunSummaryRecord:
     """The document of a command stopped by a signal before its service had started: nothing
     received, nothing published (``facts``: what is known of the command)."""
-    counts = FrameCounts(received=0, published=0, valid=0, invalid=0, dropped=0)
+    counts = FrameCounts(received=0, published=0, valid=0, late=0, invalid=0, dropped=0)
     ages = FrameAgeMs(p50=None, p90=None, p99=None, max=None)
     stopped = RunFacts(**{**vars(facts), "stopped": "signal, before the service had started"})
     return _record(stopped, counts, {}, {}, ages, [], None, [])
@@ -265,7 +268,8 @@ def format_record(record: RunSummaryRecord) -> str:
         "",
         "summary" + (f" (stopped: {stopped})" if stopped else ""),
         f"  frames received      {frames['received']}",
-        f"  published valid      {frames['valid']}",
+        f"  published valid      {frames['valid']}"
+        + (f" ({frames['late']} late)" if frames["late"] else ""),
         f"  published invalid    {frames['invalid']}",
     ]
     for kind, count in record["invalidByKind"].items():

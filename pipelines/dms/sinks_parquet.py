@@ -5,10 +5,12 @@ into one dataset (:data:`PARQUET_COLUMNS`, :func:`parquet_schema`):
 
 - ``recording`` (string): the input's name, given to the sink;
 - ``runId`` (string), ``seq``, ``frameId`` (int64);
-- ``valid`` (bool, ours: fresh frame, valid calibration and output, service available) and
-  ``eventValid`` (bool, openpilot's ``Event.valid``: :func:`~.openpilot.events.event_valid`);
+- ``valid`` (bool, ours: valid output and calibration, published within the staleness bound),
+  ``late`` (bool: valid, published after the deadline) and ``eventValid`` (bool, openpilot's
+  ``Event.valid``: :func:`~.openpilot.events.event_valid`);
 - ``availability`` (string), ``reason`` (string, empty when there is none), ``reasonKind``
-  (string, null when there is no reason);
+  (string, null when there is no reason), ``availabilityReason`` and ``availabilityReasonKind``
+  (the same of the availability's reason);
 - ``readiness.deviceOnline`` ... ``readiness.outputValid`` (bool): the five readiness layers;
 - ``timestampSof``, ``timestampEof`` (int64, ns, the service's clock), ``recordedTimestampSof``,
   ``recordedTimestampEof`` (int64, ns, as recorded; null for a live frame);
@@ -104,10 +106,13 @@ _TYPED: tuple[tuple[str, str, bool], ...] = (
     ("seq", "int64", False),
     ("frameId", "int64", False),
     ("valid", "bool_", False),
+    ("late", "bool_", False),
     ("eventValid", "bool_", False),
     ("availability", "string", False),
     ("reason", "string", False),
     ("reasonKind", "string", True),
+    ("availabilityReason", "string", False),
+    ("availabilityReasonKind", "string", True),
     *((f"readiness.{layer}", "bool_", False) for layer in READINESS_LAYERS),
     ("timestampSof", "int64", False),
     ("timestampEof", "int64", False),
@@ -156,10 +161,13 @@ def _row(message: DriverStateV2, recording: str) -> tuple[Any, ...]:
         message.seq,
         message.frame_id,
         message.valid,
+        message.late,
         event_valid(message),
         message.availability.value,
         message.reason,
         message.reason_kind,
+        message.availability_reason,
+        message.availability_reason_kind,
         *(bool(message.readiness[layer]) for layer in READINESS_LAYERS),
         message.timestamp_sof,
         message.timestamp_eof,

@@ -126,7 +126,7 @@ def recording_summary(table: Any, **facts: Any) -> RecordingSummary:
     last = float(np.median(seconds)) if seconds.size else 0.0
     durations = np.append(np.clip(seconds, 0.0, None), max(last, 0.0))
     availability = table.column("availability").to_pylist()
-    kinds = table.column("reasonKind").to_pylist()
+    kinds = table.column("availabilityReasonKind").to_pylist()
     by_state: dict[str, dict[str, float]] = {"unavailable": {}, "degraded": {}}
     for state, kind, duration in zip(availability, kinds, durations, strict=True):
         if state in by_state:

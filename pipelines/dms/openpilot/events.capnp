@@ -221,6 +221,9 @@ struct DmsStatus {
   reasonKind @11 :Text;  # empty when there is none
   readiness @12 :Readiness;
   valid @13 :Bool;  # the JSON message's valid: stricter than Event.valid
+  late @14 :Bool;  # a valid frame published after its deadline (start of frame + budget)
+  availabilityReason @15 :Text;  # why the service is not available (empty while it is)
+  availabilityReasonKind @16 :Text;
 
   enum Availability {
     available @0;

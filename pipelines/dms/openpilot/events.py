@@ -8,7 +8,8 @@ DriverStateV2` becomes (:func:`encode`):
 - a ``driverStateV2`` Event, for a frame (``frameId`` >= 0), with openpilot's fields only;
 - a ``dmsStatus`` Event (ours, in cereal's ``customReserved0``), always: what the JSON message
   adds — availability, reason and its kind, readiness, sequence, run id, the frame's timestamps
-  (as replayed and as recorded), frame age and our stricter ``valid``. A stalled camera's status
+  (as replayed and as recorded), frame age, our stricter ``valid``, ``late``
+  and the availability's reason. A stalled camera's status
   message (JSON ``frameId`` -1, which cereal's UInt32 cannot carry) is this Event alone.
 
 Both Events carry ``logMonoTime`` = the message's publish time (ns, the service's monotonic
@@ -144,6 +145,9 @@ def _status(message: DriverStateV2) -> Any:
     for name in READINESS_LAYERS:
         setattr(readiness, name, bool(message.readiness[name]))
     status.valid = message.valid
+    status.late = message.late
+    status.availabilityReason = message.availability_reason
+    status.availabilityReasonKind = message.availability_reason_kind or ""
     return event
 
 

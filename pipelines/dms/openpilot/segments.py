@@ -15,6 +15,7 @@ paced at the log's own frame intervals, or unpaced for a replay.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ import numpy.typing as npt
 from aio_runtime import CameraTimeout, get_logger
 
 from ..camera import Frame, FrameGeometryError, nv12_layout
-from ..camera_sources import RecordedTime, SourceBase
+from ..camera_recorded import RecordedSource
 from .segment_log import (
     VIDEO_NAME,
     SegmentError,
@@ -37,6 +38,8 @@ from .segment_log import (
 
 if TYPE_CHECKING:
     import av
+
+    VideoPacket = av.Packet[av.VideoStream]
 
 __all__ = ["SegmentCamera", "count_video_frames", "nv12_from_video"]
 
@@ -120,14 +123,19 @@ class _Video:
             raise SegmentError(
                 f"{where}: {VIDEO_NAME} is {width}x{height}; NV12 needs positive, even dimensions"
             )
-        self._frames: Iterator[av.VideoFrame] = self._container.decode(stream)
+        self._stream = stream
+        self._packets: Iterator[VideoPacket] = self._container.demux(stream)
+        self._held: VideoPacket | None = None
+        """A packet read and not decoded yet (skipping ahead stops at it)."""
+        self._decoded: deque[av.VideoFrame] = deque()
+        self._flushed = False
 
     def read(self) -> tuple[Buffer, int, int] | None:
         """The next frame (NV12, width, height), or None at the end of the video."""
         import av
 
         try:
-            decoded = next(self._frames, None)
+            decoded = self._next_decoded()
         except av.error.FFmpegError as exc:
             raise SegmentError(
                 f"{self.where}: video frame {self.position} of {VIDEO_NAME} cannot be decoded: "
@@ -141,11 +149,45 @@ class _Video:
         except FrameGeometryError as exc:
             raise SegmentError(f"{self.where}: video frame {self.position - 1}: {exc}") from None
 
+    def _next_packet(self) -> VideoPacket | None:
+        packet, self._held = self._held, None
+        return packet if packet is not None else next(self._packets, None)
+
+    def _next_decoded(self) -> av.VideoFrame | None:
+        """Packet by packet (each a frame: no B-frames, so decode order is display order)."""
+        while not self._decoded:
+            packet = None if self._flushed else self._next_packet()
+            if packet is None:
+                return None
+            self._flushed = not packet.size  # the last, empty packet flushes the decoder
+            self._decoded.extend(self._stream.decode(packet))
+        return self._decoded.popleft()
+
+    def skip_to_keyframe(self, position: int) -> int:
+        """Skip, without decoding them, the frames before the first keyframe at or after video
+        frame ``position`` (to the end, if there is none): how many frames it skipped."""
+        start = self.position
+        while self._decoded:  # decoded already: taken as they are
+            self._decoded.popleft()
+            self.position += 1
+        for packet in iter(self._next_packet, None):
+            if not packet.size:  # the end
+                self._flushed = True
+                break
+            if packet.is_keyframe and self.position >= position:
+                self._held = packet  # decoding starts again here
+                break
+            self.position += 1
+        else:
+            self._flushed = True
+        self._stream.codec_context.flush_buffers()  # what it held of the frames skipped
+        return self.position - start
+
     def close(self) -> None:
         self._container.close()
 
 
-class SegmentCamera(SourceBase):
+class SegmentCamera(RecordedSource):
     """The driver camera of the openpilot route segment in ``path``, as a camera (see the module
     docstring): one frame per video frame the log times, with the log's frame ids.
 
@@ -164,6 +206,8 @@ class SegmentCamera(SourceBase):
     are skipped: logged once, as the segment opens, and counted in :attr:`index`.
     """
 
+    _reading = "decoding"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -173,11 +217,12 @@ class SegmentCamera(SourceBase):
         decode_timeout: float = 2.0,
         decode_threads: int = 1,
     ) -> None:
+        super().__init__(paced=paced)
         self.path = Path(path)
         """The segment directory."""
-        self.paced = paced
         self.open_timeout = open_timeout
         self.decode_timeout = decode_timeout
+        self.read_timeout = decode_timeout
         self.decode_threads = decode_threads
         self.files: SegmentFiles | None = None
         """The segment's video and log, once open."""
@@ -190,7 +235,6 @@ class SegmentCamera(SourceBase):
         """The index, as the worker thread's open found it (before the loop hears of it)."""
         self._last = 0
         """The last video frame the log times: decoding stops there."""
-        self._clock = RecordedTime(paced=paced)
 
     async def open(self) -> SegmentIndex:
         """Read the log and match it to the video (on the worker thread); done by the first
@@ -239,32 +283,42 @@ class SegmentCamera(SourceBase):
                 skipped=index.untimed,
             )
 
-    def _read_blocking(self) -> tuple[int, tuple[Buffer, int, int] | None]:
-        """The next video frame's index, and the frame (None: the end, or closed)."""
-        if self._video is None:
-            return 0, None
-        position = self._video.position
-        read = self._video.read()
-        if self._closed:  # closed while this decoded (a close that gave up waiting for it)
-            self._close_blocking()
-        return position, read
+    def _skip_recorded(self, recorded_sof: int) -> int:
+        """To the first keyframe at or after the frame recorded at ``recorded_sof``: a
+        decoder that fell behind catches up there, whatever decoding costs."""
+        index, video = self.index or self._opened, self._video
+        if index is None or video is None:
+            return 0
+        target = next(
+            (
+                k
+                for k, logged in enumerate(index.frames)
+                if k >= video.position
+                and logged is not None
+                and logged.timestamp_sof >= recorded_sof
+            ),
+            len(index.frames),
+        )
+        start = video.position
+        video.skip_to_keyframe(target)
+        return sum(logged is not None for logged in index.frames[start : video.position])
 
-    async def _next_frame(self) -> Frame:
-        index = await self.open()
-        while True:
-            position, decoded = await self._blocking(
-                self._read_blocking,
-                awaited=f"decoding a frame of {self._where}",
-                timeout=self.decode_timeout,
-            )
-            if decoded is None or self._closed or position > self._last:
-                await self.aclose()
-                raise StopAsyncIteration
+    def _read_recorded(self) -> Frame | None:
+        index = self.index if self.index is not None else self._opened
+        while self._video is not None and index is not None:
+            position = self._video.position
+            if position > self._last:
+                return None
+            decoded = self._video.read()
+            if self._closed:  # closed while this decoded (a close that gave up waiting for it)
+                self._close_blocking()
+            if decoded is None:
+                return None
             logged = index.frames[position]
             if logged is None:
                 continue  # a video frame the log does not time
             buffer, width, height = decoded
-            frame = Frame(
+            return Frame(
                 buffer,
                 width,
                 height,
@@ -273,7 +327,7 @@ class SegmentCamera(SourceBase):
                 timestamp_sof=logged.timestamp_sof,
                 timestamp_eof=logged.timestamp_eof,
             )
-            return self._clock.retimed(frame)
+        return None
 
     async def aclose(self) -> None:
         """Close the video (after any open or decode still running on the worker thread). A
@@ -282,6 +336,7 @@ class SegmentCamera(SourceBase):
         the camera (a stop, a decode that failed)."""
         self._closed = True
         try:
+            self._withdraw()
             if self._worker is not None:
                 await self._blocking(
                     self._close_blocking,

@@ -20,7 +20,8 @@ started and when it was published, not when a fault was injected, so for each ep
   UNAVAILABLE) minus the onset; **to unavailable**, the same to the first UNAVAILABLE message (None when
   the episode stayed DEGRADED);
 - **fault end**: the start of frame of the first trustworthy output again — the first of the
-  episode's closing ``recovering`` messages (good outputs, waiting out the hysteresis), or the
+  episode's closing valid messages (good outputs, waiting out the hysteresis; an ``overloaded``
+  one is part of the fault, and so are the older records' invalid ``recovering`` ones), or the
   AVAILABLE message itself when there are none;
 - **recovery** = the publication of the AVAILABLE message that ends the episode minus the fault end
   (None when the run ended first); **outage** = that publication minus the episode's first.
@@ -61,7 +62,10 @@ STATES = (Availability.AVAILABLE, Availability.DEGRADED, Availability.UNAVAILABL
 """The states, best first."""
 _AVAILABLE = Availability.AVAILABLE
 RECOVERING = "recovering"
-"""The kind of a good output published while the service waits out its hysteresis."""
+"""The kind of a good output published, invalid, while the service waited out its hysteresis
+(older records: such an output is valid now, its reason the availability's)."""
+OVERLOADED = "overloaded"
+"""The kind of a valid output's reason while the service cannot keep up with its camera."""
 _RECOVERING_DETAIL = re.compile(r"^(?:available|degraded|unavailable) \((?P<reason>.*)\)$")
 
 
@@ -142,8 +146,8 @@ class RunSummary:
     """Invalid messages by their reason's kind, status messages included."""
     missing_frames: int
     """Frame ids skipped between published frames (dropped, or never published)."""
-    over_budget: int
-    """Frame messages whose frame age passed the budget."""
+    late: int
+    """Valid frame messages published after their deadline (see :func:`_late`)."""
     percentiles_ms: dict[str, dict[str, float]]
     """``{"frame age"|"model"|"GPU": {"p50"|"p90"|"p99"|"max": ms}}``; model and GPU times over
     the frames a model ran for (NaN where there are none)."""
@@ -174,8 +178,12 @@ class RunData:
 
 
 def cause_of(message: Message) -> str:
-    """What a message's reason is about: its kind; for a ``recovering`` message, the kind of the
-    reason it is recovering from (``"recovering: unavailable (camera: ...)"`` → ``camera``)."""
+    """What a message says the service's state is about: its availability's reason's kind, else
+    its own reason's (older records: their invalid messages carried the availability's); for an
+    older ``recovering`` message, the kind of the reason it is recovering from
+    (``"recovering: unavailable (camera: ...)"`` → ``camera``)."""
+    if message.availability_kind:
+        return message.availability_kind
     if message.kind == RECOVERING:
         match = _RECOVERING_DETAIL.match(Reason.of(message.reason).detail)
         if match is not None:
@@ -187,9 +195,10 @@ def _cause(messages: Sequence[Message]) -> str:
     """What a stretch of messages is about: the cause of its first message that names one (a
     ``model unavailable`` message only says the model cannot run yet)."""
     for message in messages:
-        if message.kind and message.kind != "model unavailable":
-            return cause_of(message)
-    return messages[0].kind if messages else ""
+        cause = cause_of(message)
+        if cause and cause != "model unavailable":
+            return cause
+    return cause_of(messages[0]) if messages else ""
 
 
 def _origin(messages: Sequence[Message]) -> float:
@@ -283,9 +292,7 @@ def episodes_of(
         first_invalid = at
         while first_invalid > 0 and not messages[first_invalid - 1].valid:
             first_invalid -= 1  # invalid while still AVAILABLE: the fault had begun
-        closing = end
-        while closing > at and messages[closing - 1].kind == RECOVERING:
-            closing -= 1
+        closing = next((k + 1 for k in range(end - 1, at - 1, -1) if not _closing(messages[k])), at)
         unavailable = [
             times[i] for i in range(at, end) if messages[i].availability is Availability.UNAVAILABLE
         ]
@@ -306,6 +313,19 @@ def episodes_of(
             episodes.append(episode)
         at = end
     return startup, episodes
+
+
+def _closing(message: Message) -> bool:
+    """A good output waiting out the hysteresis at the end of an episode."""
+    return message.kind == RECOVERING or (message.valid and cause_of(message) != OVERLOADED)
+
+
+def _late(message: Message, budget: float) -> bool:
+    """A valid frame published after its deadline: as the message says, or (older records)
+    past the budget."""
+    if message.late is not None:
+        return message.late
+    return message.valid and message.frame_age > budget
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -350,7 +370,7 @@ def analyse(messages: Sequence[Message], *, budget: float) -> RunData:
         time_in=time_in,
         invalid_by_kind=Counter(m.kind or "(no reason)" for m in messages if not m.valid),
         missing_frames=sum(max(0, b - a - 1) for a, b in itertools.pairwise(ids)),
-        over_budget=sum(m.frame_age > chosen for m, _ in frames),
+        late=sum(_late(m, chosen) for m, _ in frames),
         percentiles_ms={
             "frame age": _percentiles(ms),
             "model": _percentiles([v for v in series.model_ms if not math.isnan(v)]),

@@ -28,7 +28,7 @@ _COLUMNS = (
     "frameId",
     "valid",
     "availability",
-    "reasonKind",
+    "availabilityReasonKind",
     "recordedTimestampSof",
     "timestampSof",
     "modelExecutionTime",
@@ -111,7 +111,7 @@ def _frame_times(codes: npt.NDArray[np.int64], sof_ns: npt.NDArray[np.int64]) ->
 
 def fleet_data(table: Any) -> FleetData:
     """The data of a fleet report from a ``pyarrow.Table`` of frames (rows in any order) with the
-    columns ``recording``, ``frameId``, ``valid``, ``availability``, ``reasonKind``,
+    columns ``recording``, ``frameId``, ``valid``, ``availability``, ``availabilityReasonKind``,
     ``recordedTimestampSof``, ``timestampSof`` and ``modelExecutionTime`` (as the frames'
     schema types them)."""
     import pyarrow.compute as pc
@@ -133,7 +133,7 @@ def fleet_data(table: Any) -> FleetData:
         key=lambda r: (r.valid_share, r.recording),
     )
     states, state_codes = _codes(table["availability"])
-    kinds, kind_codes = _codes(pc.fill_null(table["reasonKind"], NO_KIND))
+    kinds, kind_codes = _codes(pc.fill_null(table["availabilityReasonKind"], NO_KIND))
     away: dict[Availability, dict[str, float]] = {}
     for state in _AWAY:
         rows = state_codes == (states.index(state.value) if state.value in states else -1)

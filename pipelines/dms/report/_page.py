@@ -57,8 +57,8 @@ def _summary(data: RunData) -> str:
         ["status messages (no frame)", f"{s.status}"],
         ["valid", f"{s.valid} ({100 * s.valid_share:.1f} %)"],
         ["frame ids skipped (dropped)", f"{s.missing_frames}"],
-        [f"frames over the budget ({data.budget * 1e3:g} ms{_BUDGET_SOURCE[data.budget_source]})",
-         f"{s.over_budget}"],
+        [f"valid, late: past the budget ({data.budget * 1e3:g} ms"
+         f"{_BUDGET_SOURCE[data.budget_source]})", f"{s.late}"],
         ["duration (first to last message)", f"{s.duration:.2f} s"],
         ["first AVAILABLE", "never" if s.first_available is None else f"{s.first_available:.3f} s"],
         ["invalid", f"{s.messages - s.valid}"],

@@ -49,6 +49,12 @@ class Message:
     run_id: str | None = None
     budget: float | None = None
     """The frame budget (seconds), where the message carries one (``budget``)."""
+    late: bool | None = None
+    """A valid frame published after its deadline (``late``; None where the message does not
+    say: older records)."""
+    availability_kind: str = ""
+    """The kind of the availability's reason (``availabilityReasonKind``; ``""`` while
+    AVAILABLE, and for older records, whose invalid messages carried it as their own)."""
 
     @property
     def is_status(self) -> bool:
@@ -67,6 +73,10 @@ class Message:
             raise ValueError(f"availability {availability!r} is not one of {list(Availability)}")
         run_id = record.get("runId")
         budget = record.get("budget")
+        late = record.get("late")
+        if late is not None and not isinstance(late, bool):
+            raise ValueError(f"late: expected a bool, found a {type(late).__name__}")
+        availability_kind = record.get("availabilityReasonKind")
         return cls(
             seq=_field(record, "seq", int),
             frame_id=_field(record, "frameId", int),
@@ -80,6 +90,8 @@ class Message:
             gpu_time=_seconds(record, "gpuExecutionTime", default=0.0),
             run_id=str(run_id) if run_id is not None else None,
             budget=_seconds(record, "budget") if budget is not None else None,
+            late=late,
+            availability_kind=availability_kind if isinstance(availability_kind, str) else "",
         )
 
 

@@ -178,7 +178,7 @@ def latency_figure(data: RunData) -> Figure:
     budget_ms = data.budget * 1e3
     ax.axhline(
         budget_ms, color="#d64541", linestyle="--", linewidth=1.2, gid="budget",
-        label=f"budget {budget_ms:g} ms ({data.summary.over_budget} frames over)",
+        label=f"budget {budget_ms:g} ms ({data.summary.late} valid frames late)",
     )  # fmt: skip
     values = [v for v in (*series.frame_age_ms, *series.status_age_ms) if v > 0]
     if values and max(values) > 4 * budget_ms:  # a few long stalls would flatten the rest

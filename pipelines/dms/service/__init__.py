@@ -3,15 +3,17 @@
 One anyio task per stage, joined by slots holding at most one frame: live, latest-frame-wins (a
 replaced frame is dropped and counted); replaying, hand-off slots (each stage waits for the next:
 nothing is dropped). CPU work runs off the loop thread (the warp and the model in worker threads,
-or the model on the accelerator). Each frame has a deadline — its start of frame plus ``budget``
-(replaying, from when it is handed on; with ``no_budget``, ``--no-budget``, a 30 s bound only a
-stopped stage meets) — that bounds every wait made for it. Every frame ends as published valid,
-published invalid with a reason, or dropped and counted (C7); every outcome is reported to the
-service's availability (C6).
+or the model on the accelerator). Each frame has a deadline — its start of frame plus ``budget``:
+a valid output published later is late — and a staleness bound — its start of frame plus
+``stale_after`` — that bounds every wait made for it (replaying, both from when it is handed on;
+with ``no_budget``, ``--no-budget``, a 30 s bound only a stopped stage meets). Every frame ends
+as published valid, published invalid with a reason, or dropped and counted (C7); every outcome
+is reported to the service's policy, which says the service's availability (C6, C13).
 
 The parts, each owning one thing: the camera stage and its watchdog (``_camera``), a frame in
 flight (``_job``), the frame's path (``_stages``), how frames end (``_outcomes``), what each
-result means for availability (``_policy``), the model's device and its supervised sessions
+result means (``_policy``, with the rate it keeps up with, ``_rate``, and the host's load that
+says why it cannot, ``_host``), the model's device and its supervised sessions
 (``_device``, on the backends of ``_backends``; the accelerator's transports and probe in
 ``_link``), starting up (``_startup``), calibration (``_calibration``), scripted faults
 (``_faults``), CPU placement (``_platform``). Every default lives in
@@ -27,7 +29,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from aio_runtime import ExcInfo, Transition
+from aio_runtime import ExcInfo, Transition, realtime_threads
 
 from ..camera import Frame
 from ..camera_sources import CLOSE_BOUND, CalibrationSample, FrameSource, open_segment
@@ -42,6 +44,7 @@ from ._calibration import CalibrationState
 from ._camera import Camera
 from ._device import ModelDevice
 from ._faults import ServiceFaults
+from ._host import HostLoad
 from ._outcomes import FrameOutcomes, Summary
 from ._platform import loop_kept_off
 from ._policy import FramePolicy
@@ -91,15 +94,18 @@ class DmsService:
         self._calibration = CalibrationState(stale_after=cfg.calib_stale_after, static=cfg.calib)
         self.policy = FramePolicy(
             budget=cfg.budget,
-            gpu_hang_after=cfg.gpu_hang_after,
+            stale_after=cfg.staleness,
             recover_after=cfg.recover_after,
             unavailable_after=cfg.unavailable_after,
+            min_rate=cfg.min_rate,
+            live=cfg.mode is Mode.LIVE,
+            host=HostLoad().sample if cfg.mode is Mode.LIVE else None,
         )
         self.availability = self.policy.availability
         self.device = ModelDevice(cfg, self.availability, transport=transport)
         self._faults = ServiceFaults(cfg.faults, self.device.plan)
         self.outcomes = FrameOutcomes(
-            self.availability,
+            self.policy,
             self.device,
             raw_predictions=cfg.raw_predictions,
             mode=cfg.mode,
@@ -242,7 +248,7 @@ class DmsService:
         cfg, outcomes, policy = self.config, self.outcomes, self.policy
         model_cpus = cfg.placed_cpus()
         try:
-            with loop_kept_off(model_cpus) as loop_cpus:
+            with loop_kept_off(model_cpus) as loop_cpus, realtime_threads(cfg.realtime):
                 async with anyio.create_task_group() as services:
                     warpers = await self._start(services, model_cpus)
                     task_status.started()

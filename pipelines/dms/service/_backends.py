@@ -60,7 +60,7 @@ class Inference(NamedTuple):
 
 
 class ModelBackend(Protocol):
-    """Runs the model on one frame at a time, within the caller's deadline scope (a frame's)."""
+    """Runs the model on one frame at a time, within the caller's deadline scope."""
 
     @property
     def runs_back_to_back(self) -> bool:
@@ -71,12 +71,6 @@ class ModelBackend(Protocol):
     async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
         """Run the model on a warped image (uint8, handed over: unchanged until this returns)
         and a (1, 3) float32 calibration. Raises the runtime's typed errors."""
-        ...
-
-    async def stalled_for(self) -> float | None:
-        """Seconds the device has been seen to make no progress while it owed a run (0 when
-        nothing is owed): how a hung device is told from a slow one. None: this backend cannot
-        hang that way."""
         ...
 
     async def aclose(self) -> None: ...
@@ -95,16 +89,14 @@ class CpuBackend:
         output = await self.runner.run(image, calib, handed_over=True, replace_waiting=True)
         return Inference(output, time.perf_counter() - start)
 
-    async def stalled_for(self) -> float | None:
-        return None  # a run goes on for its frame's grace and is cut past it: it cannot hang
-
     async def aclose(self) -> None:
         """Nothing: the runner belongs to the device, which closes it."""
 
 
 class AcceleratorBackend:
-    """An accelerator session: one run at a time; each kernel wait bounded by
-    ``kernel_timeout``."""
+    """An accelerator session: one run at a time; a run that makes no progress for
+    ``kernel_timeout`` (the hang bound) ends hung (:meth:`AcceleratorRunner.run
+    <pipelines.dms.accelerator.AcceleratorRunner.run>`)."""
 
     runs_back_to_back = False
 
@@ -115,9 +107,6 @@ class AcceleratorBackend:
     async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
         output, phases = await self.runner.run(image, calib, timeout=self.kernel_timeout)
         return Inference(output.reshape(-1), phases.device)
-
-    async def stalled_for(self) -> float | None:
-        return await self.runner.stalled_for()
 
     async def aclose(self) -> None:
         await self.runner.aclose()

@@ -1,5 +1,5 @@
 """The camera stage: frames from the source into the service, numbered, counted and given their
-budgets, until the source ends or the limits are reached; and the camera's watchdog, which makes
+deadlines, until the source ends or the limits are reached; and the camera's watchdog, which makes
 a camera that stops delivering an UNAVAILABLE service that says so on every sink.
 """
 
@@ -14,6 +14,7 @@ import anyio
 from aio_runtime import CameraTimeout, get_logger, now, wait_complete
 
 from ..camera import Frame
+from ..camera_recorded import RecordedSource
 from ..camera_sources import closing, open_camera
 from ..config import CameraFile, CameraSpec, Mode, Synthetic
 from ._faults import ServiceFaults
@@ -27,8 +28,8 @@ _log = get_logger(__name__)
 
 
 class Limits(Protocol):
-    """What bounds the camera's stream: each frame's budget (``no_budget``: none), how many
-    frames or seconds to take (None: no limit), and the mode (live: the budget starts at each
+    """What bounds the camera's stream: each frame's budget and staleness bound (``no_budget``:
+    neither), how many frames or seconds to take (None: no limit), and the mode (live: both start at each
     frame's start of frame; replaying: when the frame is handed on, and the stream waits for the
     stages and the sinks). A service config is one."""
 
@@ -37,6 +38,9 @@ class Limits(Protocol):
     frames: int | None
     duration: float | None
     mode: Mode
+
+    @property
+    def staleness(self) -> float: ...
 
 
 @runtime_checkable
@@ -49,8 +53,9 @@ class _Openable(Protocol):
 class Camera:
     """Frames from ``source`` (a source, or the camera a spec names) into the service, numbered
     and counted, until the source ends or the ``limits`` are reached (frames, duration); each
-    frame's deadline is its start of frame plus the ``limits``' budget (:data:`UNBUDGETED` with
-    ``no_budget``) — replaying, the budget starts as the frame is handed on
+    frame's deadline is its start of frame plus the ``limits``' budget, and its staleness bound
+    its start of frame plus ``staleness`` (both :data:`UNBUDGETED` with ``no_budget``) —
+    replaying, both start as the frame is handed on
     (:meth:`handed_on`). A source with an ``open()`` is opened first (the synthetic camera's
     scene, a file), which the watchdog does not count as a stall. A camera that cannot be
     opened, or fails, ends the stream, reported. The duration bounds the stream whatever the
@@ -67,6 +72,7 @@ class Camera:
     ) -> None:
         self.source = source
         self.budget = UNBUDGETED if limits.no_budget else limits.budget
+        self.stale_after = UNBUDGETED if limits.no_budget else limits.staleness
         self.frames = limits.frames
         self.duration = limits.duration
         self.replay = limits.mode is Mode.REPLAY
@@ -105,7 +111,14 @@ class Camera:
 
     async def _take(self, source: AsyncIterable[Frame], outbox: JobSlot) -> None:
         number = 0
+        recorded = source if isinstance(source, RecordedSource) else None
+        if recorded is not None:
+            recorded.stale_after = self.stale_after
+        skipped = 0
         async for frame in source:
+            if recorded is not None and recorded.skipped > skipped:  # it fell behind
+                self.outcomes.skipped(recorded.skipped - skipped)
+                skipped = recorded.skipped
             if self.frames is not None and number >= self.frames:
                 break
             self.faults.frame_arrives(number)
@@ -114,7 +127,7 @@ class Camera:
                 continue
             self._arrived.set()
             start = frame.timestamp_sof / 1e9  # replaying, reset as it is handed on
-            job = FrameJob(frame, number, start, start + self.budget)
+            job = FrameJob(frame, number, start, start + self.budget, start + self.stale_after)
             self.outcomes.arrived(job)
             await self._held_by(outbox.send(job))
             if self.replay:
@@ -122,9 +135,10 @@ class Camera:
             number += 1
 
     def handed_on(self, job: FrameJob) -> None:
-        """Replaying: the warp stage has taken the frame; its budget starts now."""
+        """Replaying: the warp stage has taken the frame; its times start now."""
         job.start = now()
         job.deadline = job.start + self.budget
+        job.stale_at = job.start + self.stale_after
 
     async def _held_by(self, wait: Awaitable[object]) -> None:
         """Wait on the stages or the sinks: time that is not the camera's."""

@@ -23,14 +23,17 @@ a model run on the CPU) still have one, which only a stage that has stopped meet
 @dataclass
 class FrameJob:
     """One frame between the camera and publication. ``number`` counts frames as they reach the
-    service (from 0); ``start`` is where its budget begins and ``deadline`` where it ends, on the
-    loop clock: live, its start of frame plus the budget; replaying, when the camera stage handed
-    it on plus the budget (:data:`UNBUDGETED`, 30 s, with no budget)."""
+    service (from 0); ``start`` is where its times begin, on the loop clock — live, its start of
+    frame; replaying, when the camera stage handed it on —; ``deadline`` is ``start`` plus the
+    budget (an output published later is late) and ``stale_at`` is ``start`` plus
+    ``stale_after`` (an output later than it is of no use: every wait made for the frame ends
+    there). With no budget both are :data:`UNBUDGETED` (30 s) after ``start``."""
 
     frame: Frame
     number: int
     start: float
     deadline: float
+    stale_at: float
     image: np.ndarray | None = None
     """The warped luma, once warped."""
     calibration: Calibrated | None = None
@@ -39,14 +42,17 @@ class FrameJob:
     """The model's flat output, once run."""
     device_time: float = 0.0
     """Seconds the model's device spent on it."""
+    handed: float | None = None
+    """When the model stage handed it to the model's device (loop clock); None until then."""
     stages: dict[str, float] = field(default_factory=dict)
     """Seconds per stage, by stage."""
 
-    def budget_scope(self) -> AbstractContextManager[Deadline]:
-        """The frame's deadline as a scope: every wait made for the frame inside it is bounded
-        by what is left of the budget (:class:`~aio_runtime.BudgetExhausted` past it)."""
+    def bound_scope(self) -> AbstractContextManager[Deadline]:
+        """The frame's staleness bound as a scope: every wait made for the frame inside it is
+        bounded by what is left until ``stale_at`` (:class:`~aio_runtime.BudgetExhausted`
+        past it)."""
         name = f"frame {self.frame.frame_id}"
-        return deadline_scope(at=self.deadline, started=self.start, name=name)
+        return deadline_scope(at=self.stale_at, started=self.start, name=name)
 
 
 JobSlot = Slot[FrameJob]

@@ -24,8 +24,8 @@ from aio_runtime import (
     AvailabilityMachine,
     Readiness,
     ReadinessLayer,
-    Reason,
     get_logger,
+    now,
 )
 
 from ..camera_sources import clock_ns
@@ -48,7 +48,7 @@ from ..publish import (
 )
 from ..sinks_parquet import ROW_GROUP
 from ._job import FrameJob
-from ._policy import Verdict
+from ._policy import FramePolicy, Verdict
 
 __all__ = ["FRAME_AGES_KEPT", "FrameOutcomes", "Summary"]
 
@@ -57,6 +57,10 @@ FRAME_AGES_KEPT = 100_000
 
 _log = get_logger(__name__)
 
+SHUTDOWN = "shutdown"
+"""Where frames still in flight as the service stops are dropped."""
+CAMERA = "camera"
+"""Where the frames a recorded source skipped are dropped."""
 _MODEL_STAGES = ("warp", "model")
 """The stages a message's ``modelExecutionTime`` adds up."""
 
@@ -91,22 +95,24 @@ class Summary:
 class FrameOutcomes:
     """Ends frames: publishes them (valid or invalid) or drops them, counted.
 
-    ``device``: the model's device. Each message marks on its readiness layers as they are now
-    whether its own frame's task completed and its output was valid — layered, as the core's
-    readiness is: never up while a layer below is down — so the health endpoints report the last
-    message's.
+    ``policy``: judges frames; it hears of every frame that arrives and of every one dropped
+    (but at shutdown), and its availability is the one every message carries. ``device``: the
+    model's device. Each message marks on its readiness layers as they are now whether its own
+    frame's task completed and its output was valid — layered, as the core's readiness is: never
+    up while a layer below is down — so the health endpoints report the last message's.
     """
 
     def __init__(
         self,
-        availability: AvailabilityMachine,
+        policy: FramePolicy,
         device: ModelDeviceView,
         *,
         raw_predictions: bool = False,
         mode: Mode = Mode.LIVE,
         run_id: str | None = None,
     ) -> None:
-        self.availability = availability
+        self.policy = policy
+        self.availability: AvailabilityMachine = policy.availability
         self.run_id = run_id or new_run_id()
         """Every message's ``runId``: as given, or fresh."""
         self.metrics = Metrics()
@@ -198,8 +204,21 @@ class FrameOutcomes:
         self._newest_sof = job.frame.timestamp_sof
         self.summary.frames.receive()
         self.metrics.frames_in.inc()
-        camera = max(0.0, clock_ns() / 1e9 - job.frame.timestamp_sof / 1e9)
+        at = clock_ns()
+        camera = max(0.0, at / 1e9 - job.frame.timestamp_sof / 1e9)
         self.metrics.stage_latency.labels(stage="camera").observe(camera)
+        self.policy.arrived(at / 1e9)
+
+    def skipped(self, frames: int) -> None:
+        """A recorded source skipped ``frames`` frames, having fallen behind: each reached the
+        service and was dropped there, at the camera (C7)."""
+        for _ in range(frames):
+            self.summary.frames.receive()
+            self.metrics.frames_in.inc()
+            self.summary.frames.drop(CAMERA)
+            self.metrics.frames_dropped.labels(stage=CAMERA).inc()
+            self.policy.arrived(now())
+            self.policy.dropped(now())
 
     def camera_failed(self, error: str) -> None:
         """The camera failed for good (the service then ends): the summary says why."""
@@ -216,23 +235,36 @@ class FrameOutcomes:
             return  # already ended
         self.summary.frames.drop(stage)
         self.metrics.frames_dropped.labels(stage=stage).inc()
+        if stage != SHUTDOWN:
+            self.policy.dropped(now())
 
     def drop_in_flight(self) -> None:
         """The service stops: frames still waiting or being worked on are dropped, counted."""
         for job in list(self._in_flight.values()):
-            self.dropped("shutdown", job)
+            self.dropped(SHUTDOWN, job)
 
-    def invalid(self, job: FrameJob, verdict: Verdict, *, output: np.ndarray | None = None) -> None:
+    def invalid(
+        self,
+        job: FrameJob,
+        verdict: Verdict,
+        *,
+        output: np.ndarray | None = None,
+        at: float | None = None,
+    ) -> None:
         """Publish the frame invalid, for ``verdict.reason`` (``output``: what the model gave, if
-        it gave anything)."""
-        self._count_timeouts(verdict)
-        self._publish(job, verdict.reason, output=output)
+        it gave anything; ``at``: the instant it was judged at, its age's end — else now)."""
+        self.count_timeouts(verdict)
+        self._publish(job, verdict, output=output, at=at)
 
-    def decoded(self, job: FrameJob, verdict: Verdict, fields: DriverStateFields) -> None:
-        """Publish a decoded frame: valid unless ``verdict`` says why not."""
+    def decoded(
+        self, job: FrameJob, verdict: Verdict, fields: DriverStateFields, *, at: float
+    ) -> None:
+        """Publish a decoded frame: valid unless ``verdict`` says why not; its age is to ``at``,
+        the instant the verdict was made at (so that its age says what the verdict does)."""
         self._publish(
             job,
-            verdict.reason,
+            verdict,
+            at=at,
             fields=fields,
             output=job.output,
             model_time=sum(job.stages.get(stage, 0.0) for stage in _MODEL_STAGES),
@@ -241,9 +273,10 @@ class FrameOutcomes:
 
     def status(self, verdict: Verdict) -> None:
         """A message for no frame (``frameId`` -1, no timestamps; ``frameAge``: the age of the
-        newest frame, 0 if none came): published while frames do not arrive, so a consumer on
-        every sink hears of it instead of silence."""
-        self._count_timeouts(verdict)
+        newest frame, 0 if none came), for ``verdict``'s reason: published while frames do not
+        arrive, or when the device fails in a run whose frame has ended, so a consumer on every
+        sink hears of it at once instead of silence."""
+        self.count_timeouts(verdict)
         newest = self._newest_sof
         age = 0.0 if newest is None else max(0.0, clock_ns() / 1e9 - newest / 1e9)
         self._send(
@@ -256,32 +289,37 @@ class FrameOutcomes:
                 frame_age=age,
                 availability=self.availability.state.availability,
                 reason=verdict.reason or "",
+                availability_reason=self.availability.state.reason or "",
                 valid=False,
                 readiness=self._layers(task_complete=False, output_valid=False),
                 log_mono_time=clock_ns(),
             )
         )
 
-    def _count_timeouts(self, verdict: Verdict) -> None:
+    def count_timeouts(self, verdict: Verdict) -> None:
+        """Count the timeouts ``verdict`` met (for a frame published already, or none)."""
         for layer in verdict.timeouts:
             self.metrics.timeouts.labels(layer=layer).inc()
 
     def _publish(
         self,
         job: FrameJob,
-        reason: Reason | None,
+        verdict: Verdict,
         *,
         fields: DriverStateFields | None = None,
         output: np.ndarray | None = None,
         model_time: float = 0.0,
         device_time: float = 0.0,
+        at: float | None = None,
     ) -> None:
         start = time.perf_counter()
         frame = job.frame
-        age = max(0.0, clock_ns() / 1e9 - frame.timestamp_sof / 1e9)
+        age = max(0.0, (clock_ns() / 1e9 if at is None else at) - frame.timestamp_sof / 1e9)
         raw = None
         if output is not None and self._raw_predictions:
             raw = output.astype("<f4").tobytes()
+        valid = verdict.reason is None and fields is not None
+        state = self.availability.state
         message = DriverStateV2(
             seq=self._seq,
             run_id=self.run_id,
@@ -289,9 +327,11 @@ class FrameOutcomes:
             timestamp_sof=frame.timestamp_sof,
             timestamp_eof=frame.timestamp_eof,
             frame_age=age,
-            availability=self.availability.state.availability,
-            reason=reason or "",
-            valid=reason is None and fields is not None,
+            availability=state.availability,
+            reason=verdict.reason or "",
+            availability_reason=state.reason or "",
+            valid=valid,
+            late=valid and verdict.late,
             readiness=self._layers(
                 task_complete=output is not None or fields is not None,
                 output_valid=fields is not None,
@@ -308,10 +348,12 @@ class FrameOutcomes:
         )
         self._in_flight.pop(job.number, None)
         self._send(message)
-        kind = self.summary.frames.published(message.valid, message.reason)
+        kind = self.summary.frames.published(message.valid, message.reason, late=message.late)
         self.summary.frame_ages.append(age)
         metrics = self.metrics
         metrics.frames_published.labels(valid=str(message.valid).lower()).inc()
+        if message.late:
+            metrics.frames_late.inc()
         if kind is not None:  # invalid: under the kind the summary counted it under
             metrics.invalid_frames.labels(kind=kind).inc()
         metrics.end_to_end.observe(age)

@@ -5,9 +5,9 @@ a newer one is dropped and counted); replaying, hand-off slots (each stage waits
 Each stage takes what it works with explicitly and ends every frame through
 :class:`~pipelines.dms.service._outcomes.FrameOutcomes`, judged by
 :class:`~pipelines.dms.service._policy.FramePolicy`. Every wait made for a frame is bounded by its
-deadline (:meth:`FrameJob.budget_scope`) — a model run by its deadline and the policy's grace,
-within which a late run still publishes its output. When the camera ends, the stages end in
-order — each closes the next slot once it has finished what it holds — so frames in flight are
+staleness bound (:meth:`FrameJob.bound_scope`): a model run still in progress at the frame's
+deadline goes on and publishes its output late, until the bound. When the camera ends, the stages
+end in order — each closes the next slot once it has finished what it holds — so frames in flight are
 finished (each bounded), not lost.
 """
 
@@ -22,11 +22,14 @@ import numpy as np
 from aio_runtime import (
     BudgetExhausted,
     CameraTimeout,
+    Completion,
+    ModelTimeout,
     RuntimeFault,
     WorkerThread,
     deadline_scope,
     now,
     run_in_thread,
+    wait_complete,
 )
 
 from ..camera import CABIN_CAMERAS, Frame
@@ -34,13 +37,14 @@ from ..channels import HandoffSlot, LatestSlot, SlotClosed
 from ..config import Mode
 from ..model_runner import RunSuperseded
 from ..warp import MODEL_INPUT_SIZE, Warper
+from ._backends import Inference
 from ._calibration import CalibrationState
 from ._camera import Camera
 from ._device import DeviceSession, ModelDevice
 from ._faults import ServiceFaults
-from ._job import FrameJob, JobSlot
+from ._job import UNBUDGETED, FrameJob, JobSlot
 from ._outcomes import FrameOutcomes
-from ._policy import FramePolicy, Verdict
+from ._policy import STALE, FramePolicy
 
 __all__ = ["Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
 
@@ -84,8 +88,8 @@ def plan_warps() -> Warpers:
 
 
 class Warp:
-    """The model's input image from each frame, on a worker thread of its own; a frame already
-    past its deadline is not warped (nothing done for it could still be on time)."""
+    """The model's input image from each frame, on a worker thread of its own. A frame already
+    past its staleness bound is published stale, unworked."""
 
     def __init__(
         self,
@@ -117,15 +121,16 @@ class Warp:
     async def _warp(self, job: FrameJob, worker: WorkerThread) -> bool:
         start = time.perf_counter()
         frame = job.frame
-        if now() >= job.deadline:  # stale: nothing done for it could still be on time
-            self.outcomes.invalid(job, self.policy.too_old(now() - job.start))
+        at = now()
+        if at >= job.stale_at:  # nothing done for it could still be of use
+            self.outcomes.invalid(job, self.policy.stale(at - job.start, at, "warped"))
             return False
         key = (frame.width, frame.height, frame.stride)
         warper = self.warpers.get(key)
         if warper is None:  # a geometry no cabin camera has: planned on first use
             warper = self.warpers[key] = Warper()
         try:
-            with job.budget_scope():
+            with job.bound_scope():
                 job.image = await run_in_thread(
                     functools.partial(_warp, warper, frame),
                     worker=worker,
@@ -133,7 +138,7 @@ class Warp:
                     error=CameraTimeout,
                 )
         except BudgetExhausted as exc:
-            self.outcomes.invalid(job, self.policy.over_budget(exc))
+            self.outcomes.invalid(job, self.policy.over_budget(exc, now()))
             return False
         except (RuntimeFault, ValueError) as exc:
             self.outcomes.invalid(job, self.policy.warp_failed(exc))
@@ -150,13 +155,16 @@ def _warp(warper: Warper, frame: Frame) -> np.ndarray:
 
 
 class Model:
-    """The model on each warped frame, on the device's current session. A backend that runs
-    back to back is handed each frame as soon as it is warped: its run waits on the runner's
-    thread and starts the moment the run in progress returns, unless a newer frame replaces it
-    first (dropped, counted). Otherwise one frame at a time. A run still in progress at its
-    frame's deadline is not cut there: it may go on for the policy's grace, and its output is
-    then published late (DEGRADED); past the grace it is cut — no output, or a hung device if
-    the device was seen to make no progress."""
+    """The model on each warped frame, on the device's current session. A backend that runs back to
+    back is handed each frame as soon as it is warped: its run waits on the runner's thread and
+    starts the moment the run in progress returns, unless a newer frame replaces it first (dropped,
+    counted); a run still in progress at its frame's staleness bound is cut there. A frame past its
+    staleness bound when the model could take it is published stale, unrun; live, one that could not
+    finish before its bound (judged from the recent frames' work from here to publication, their
+    p90) is not started: dropped, counted. Otherwise one frame at a time (the accelerator): at the
+    frame's staleness bound the frame is published stale and the device's run goes on until it ends
+    (see :meth:`_device_run`). A run still in progress at its frame's deadline goes on either way,
+    and its output is published late (and valid)."""
 
     def __init__(
         self,
@@ -190,6 +198,14 @@ class Model:
         outbox.close()
 
     async def _step(self, job: FrameJob, session: DeviceSession | None, outbox: JobSlot) -> None:
+        at = now()
+        if at >= job.stale_at:  # nothing done for it could still be of use
+            self.outcomes.invalid(job, self.policy.stale(at - job.start, at, "run"))
+            return
+        if session is not None and not self.policy.admits(at, job.stale_at):
+            self.outcomes.dropped("overload", job)  # it could not finish in time
+            return
+        job.handed = at
         if await self._infer(job, session):
             await outbox.send(job)  # decoding and publishing it overlaps the next run
 
@@ -203,45 +219,94 @@ class Model:
         assert job.image is not None
         start = time.perf_counter()
         try:
-            # A run still in progress at the deadline goes on, its output published late, within
-            # the policy's grace: the frame's bound is its deadline and the grace after it.
-            with deadline_scope(
-                at=job.deadline + self.policy.grace,
-                started=job.start,
-                name=f"frame {job.frame.frame_id} and its grace",
-            ):
-                inference = await session.backend.infer(job.image, vector)
+            if session.backend.runs_back_to_back:
+                # A run still in progress at the deadline goes on, its output published late;
+                # at the frame's staleness bound it is cut.
+                with job.bound_scope():
+                    inference: Inference | None = await session.backend.infer(job.image, vector)
+            else:
+                inference = await self._device_run(job, session, vector)
         except RunSuperseded:  # a newer frame took its place before it started
             self.outcomes.dropped("model", job)
             return False
         except BudgetExhausted as exc:
-            await self._over_budget(job, session, exc)
+            self.outcomes.invalid(job, self.policy.over_budget(exc, now()))
             return False
         except RuntimeFault as exc:
             self._device_fault(job, session, exc)
+            return False
+        if inference is None:  # the frame ended stale while the device went on
             return False
         self.outcomes.stage_done(job, "model", time.perf_counter() - start)
         job.output, job.device_time = inference
         return True
 
-    async def _over_budget(
-        self, job: FrameJob, session: DeviceSession, exc: BudgetExhausted
-    ) -> None:
-        """No output within the grace — hung, if the device was seen to make no progress."""
-        stalled = None if session.failing else await session.backend.stalled_for()
-        self._end(job, session, self.policy.over_budget(exc, stalled))
+    async def _device_run(
+        self, job: FrameJob, session: DeviceSession, vector: np.ndarray
+    ) -> Inference | None:
+        """A run on a device that runs one at a time. The frame waits for its output until its
+        staleness bound; there it is published stale, and the run goes on under the device's
+        own bounds — the hang rule above all, which ends a run that makes no progress — until it
+        ends: no run of a later frame could start before, and a device judged by runs cut short
+        could not be judged at all. None: the frame has ended (stale)."""
+        outcome: Completion[Inference] = Completion()
+        image = job.image
+        assert image is not None
+
+        async def device_run() -> None:
+            with deadline_scope(
+                at=job.start + UNBUDGETED,
+                started=job.start,
+                name=f"the model's run of frame {job.frame.frame_id}",
+                detached=True,
+            ):
+                try:
+                    outcome.set_result(await session.backend.infer(image, vector))
+                except Exception as exc:  # the run's outcome, for whoever waits for it
+                    outcome.set_exception(exc)
+
+        stale: BudgetExhausted | None = None
+        async with anyio.create_task_group() as device:
+            device.start_soon(device_run)
+            try:
+                with job.bound_scope():
+                    await wait_complete(
+                        outcome,
+                        awaited="the model's run",
+                        error=ModelTimeout,
+                        timeout=UNBUDGETED,
+                    )
+            except BudgetExhausted as exc:
+                stale = exc
+            except Exception:  # the run's own failure: raised below, not as a group
+                pass
+        if stale is None:
+            return await outcome.wait()
+        self.outcomes.invalid(job, self.policy.over_budget(stale, now()))
+        try:  # the run ended after the frame: its output is of no use, its failure still counts
+            await outcome.wait()
+        except RuntimeFault as exc:
+            self._device_failed(session, exc)
+        else:
+            if job.handed is not None:  # how long the work took, for the frames to come
+                self.policy.worked(now(), now() - job.handed)
+        return None
 
     def _device_fault(self, job: FrameJob, session: DeviceSession, exc: RuntimeFault) -> None:
         if session.failing:  # the session is being replaced: this is a consequence
             why = self.device.why_unavailable(session)
             self.outcomes.invalid(job, self.policy.no_model(why))
             return
-        self._end(job, session, self.policy.device_fault(exc))
-
-    def _end(self, job: FrameJob, session: DeviceSession, verdict: Verdict) -> None:
+        verdict = self.policy.device_fault(exc)
         self.outcomes.invalid(job, verdict)
-        if verdict.fault is not None:
-            session.fail(verdict.fault)
+        session.fail(exc)
+
+    def _device_failed(self, session: DeviceSession, exc: RuntimeFault) -> None:
+        """The run of a frame that has ended already failed: the device's failure all the
+        same, said at once on every sink (a status message: no frame's)."""
+        if not session.failing:
+            self.outcomes.status(self.policy.device_fault(exc))
+            session.fail(exc)
 
 
 _NO_CALIBRATION = np.zeros((1, 3), np.float32)
@@ -281,11 +346,19 @@ class Decode:
             output = np.full_like(output, np.nan)
         decoded = self.device.decoder(output)
         self.outcomes.stage_done(job, "decode", time.perf_counter() - start)
+        at = now()
+        if job.handed is not None:
+            self.policy.worked(at, at - job.handed)
         if not decoded.valid or decoded.fields is None:
             self.outcomes.invalid(job, self.policy.invalid_output(decoded.reason), output=output)
             return
-        at = now()
         verdict = self.policy.decoded(
-            late=at - job.deadline, calibration=self.calibration.problem(job.calibration, at)
+            at=at,
+            deadline=job.deadline,
+            stale_at=job.stale_at,
+            calibration=self.calibration.problem(job.calibration, at),
         )
-        self.outcomes.decoded(job, verdict, decoded.fields)
+        if verdict.reason is not None and verdict.reason.kind == STALE:
+            self.outcomes.invalid(job, verdict, output=output, at=at)  # of no use: no driver data
+            return
+        self.outcomes.decoded(job, verdict, decoded.fields, at=at)

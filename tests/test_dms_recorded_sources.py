@@ -1,0 +1,172 @@
+"""Recorded inputs pay what a live camera pays: a recording, a video file or a route segment is
+read ahead on its source's worker thread and, paced, handed on at each frame's recorded end of
+frame; a source that falls behind skips what it could only deliver stale (a recording by its
+headers, a segment to its next keyframe, unread), and the service counts the frames skipped as
+dropped at the camera. In virtual time, the clock held while the source's thread works."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+from openpilot_segments import build_segment
+
+from aio_runtime import Ledger, use_ledger
+from aio_runtime.testing import threads_busy, virtual_time
+from pipelines.dms.camera import Frame, nv12_layout
+from pipelines.dms.camera_recorded import AHEAD
+from pipelines.dms.camera_replay import ReplayCamera
+from pipelines.dms.camera_sources import clock_ns
+from pipelines.dms.config import ServiceConfig
+from pipelines.dms.openpilot import segments
+from pipelines.dms.openpilot.segments import SegmentCamera
+from pipelines.dms.recording import record_frames
+from pipelines.dms.service import DmsService
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+PERIOD_NS = 50_000_000
+READOUT_NS = 11_000_000
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # hold= is for asyncio's loop
+
+
+async def _frames(count: int):
+    layout = nv12_layout(64, 48)
+    for k in range(count):
+        sof = 1_000_000_000 + k * PERIOD_NS
+        buffer = np.full(layout.size, k % 250, np.uint8)
+        yield Frame(buffer, 64, 48, layout.stride, frame_id=k, timestamp_sof=sof,
+                    timestamp_eof=sof + READOUT_NS)  # fmt: skip
+
+
+@pytest.fixture
+async def recording(tmp_path):
+    path = tmp_path / "drive.dmsrec"
+    with anyio.fail_after(60):
+        await record_frames(_frames(40), path)
+    return path
+
+
+def held(ledger):
+    return virtual_time(autojump_threshold=0.005, hold=threads_busy(ledger))
+
+
+async def test_a_recorded_source_reads_ahead_of_the_frame_it_hands_on(recording, monkeypatch):
+    started: list[tuple[int, int]] = []  # (record read, frames handed on by then)
+    read = ReplayCamera._read_recorded
+
+    def reading(self):
+        started.append((self._next, self.delivered))
+        return read(self)
+
+    monkeypatch.setattr(ReplayCamera, "_read_recorded", reading)
+    with use_ledger(Ledger()) as ledger:
+        async with held(ledger), ReplayCamera(recording) as camera:
+            with anyio.fail_after(30):
+                frames = [frame.frame_id async for frame in camera]
+    assert frames == list(range(40))
+    # each record's read began while the frame AHEAD before it was still to be handed on
+    reads = [(index, delivered) for index, delivered in started if AHEAD <= index < 40]
+    assert len(reads) == 40 - AHEAD and all(done <= index - AHEAD for index, done in reads)
+
+
+async def test_a_paced_recording_hands_each_frame_on_at_its_recorded_end_of_frame(recording):
+    arrivals: list[tuple[Frame, int]] = []
+    with use_ledger(Ledger()) as ledger:
+        async with held(ledger), ReplayCamera(recording) as camera:
+            with anyio.fail_after(30):
+                async for frame in camera:
+                    arrivals.append((frame, clock_ns()))
+    first = arrivals[0][0]
+    for frame, at in arrivals:
+        assert frame.recorded_sof - first.recorded_sof == frame.timestamp_sof - first.timestamp_sof
+        assert at == frame.timestamp_eof  # at its end of frame: its reading cost no age
+    assert camera.skipped == 0
+
+
+async def test_a_paced_recording_that_falls_behind_skips_to_the_frame_due_now(recording):
+    """Its consumer is away for 0.6 s after frame 5: the frames that would now be older than the
+    staleness bound are skipped — those read ahead one by one, the rest by the records' headers,
+    unread — and it goes on with the frame due then, at its own end of frame."""
+    delivered: list[tuple[Frame, int]] = []
+    with use_ledger(Ledger()) as ledger:
+        async with held(ledger), ReplayCamera(recording) as camera:
+            with anyio.fail_after(30):
+                async for frame in camera:
+                    delivered.append((frame, clock_ns()))
+                    if frame.frame_id == 5:
+                        await anyio.sleep(0.6)
+    ids = [frame.frame_id for frame, _ in delivered]
+    gap = ids.index(5) + 1
+    assert ids[:gap] == list(range(6)) and ids[gap:] == list(range(ids[gap], 40))
+    assert ids[gap] >= 5 + 12 - 2  # 0.6 s is 12 periods: at most the bound's two left
+    assert camera.skipped == ids[gap] - 6
+    stale_ns = round(camera.stale_after * 1e9)
+    assert all(at <= frame.timestamp_eof + stale_ns for frame, at in delivered)
+
+
+async def test_a_route_segment_behind_skips_to_its_next_keyframe_without_decoding_between(
+    tmp_path, monkeypatch
+):
+    built = build_segment(tmp_path / "seg--0", frames=40, keyframe_every=10)
+    decoded: list[int] = []
+    decode = segments.nv12_from_video
+
+    def counting(frame):
+        decoded.append(1)
+        return decode(frame)
+
+    monkeypatch.setattr(segments, "nv12_from_video", counting)
+    ids: list[int] = []
+    with use_ledger(Ledger()) as ledger:
+        async with held(ledger), SegmentCamera(built.path) as camera:
+            with anyio.fail_after(60):
+                async for frame in camera:
+                    ids.append(frame.frame_id)
+                    if len(ids) == 3:
+                        await anyio.sleep(0.5)  # 10 periods away: behind frame 13 or so
+    first = built.frames[0].frame_id
+    resumed = ids[3] - first
+    assert resumed == 20  # the next keyframe at or after the frame due then
+    assert camera.skipped == resumed - 3
+    # decoded: the three handed on, the ones read ahead meanwhile, and from the keyframe on
+    assert len(decoded) <= 3 + AHEAD + 1 + (40 - 20)
+
+
+async def test_the_frames_a_recorded_source_skips_are_dropped_at_the_camera_and_counted(
+    recording,
+):
+    class Away(ReplayCamera):
+        """A recording whose consumer's loop is not scheduled for 0.6 s at frame 10."""
+
+        async def _next_recorded(self):
+            frame = await super()._next_recorded()
+            if frame is not None and frame.frame_id == 10:
+                clock.jump(0.6)
+            return frame
+
+    config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0))
+    messages = []
+    with use_ledger(Ledger()) as ledger:
+        async with held(ledger) as clock:
+            with anyio.fail_after(30):
+                async with DmsService(config, source=Away(recording)) as service:
+
+                    async def collect():
+                        async for message in service.messages(backlog=100):
+                            messages.append(message)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(collect)
+                        await service.finished()
+                        tg.cancel_scope.cancel()
+    frames = service.summary.frames
+    frames.check()
+    assert frames.dropped["camera"] >= 8 and frames.received == 40
+    published = {m.frame_id for m in messages if m.frame_id >= 0}
+    assert len(published) + sum(frames.dropped.values()) == 40
+    assert not any(m.availability == "unavailable" and m.reason_kind == "camera" for m in messages)
