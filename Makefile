@@ -48,6 +48,7 @@ bench: setup
 	$(PY) -m benchmarks.zmq_memory
 	$(PY) -m benchmarks.recovery
 	$(PY) -m benchmarks.load
+	$(PY) -m benchmarks.slow_host
 	$(PY) -m benchmarks.soak
 	$(PY) -m benchmarks.embed
 	$(PY) -m benchmarks.segment

@@ -16,6 +16,7 @@ from aio_runtime import (
     CameraTimeout,
     Completion,
     Layer,
+    Ledger,
     LedgerEntry,
     LedgerKind,
     PendingCall,
@@ -39,6 +40,7 @@ class _Read:
 
     call: PendingCall
     done: Completion[Any]
+    ledger: Ledger
     entry: LedgerEntry
     skip: bool = False
 
@@ -174,14 +176,15 @@ class RecordedSource(SourceBase):
                 ledger.close(entry)
                 setter.set_result(result)
 
-        self._reads.append(_Read(self._worker_thread().submit(work), done, entry, skip))
+        pending = self._worker_thread().submit(work)
+        self._reads.append(_Read(pending, done, ledger, entry, skip))
 
     def _withdraw(self) -> None:
         """Take back the reads that have not started (they never run)."""
         kept: deque[_Read] = deque()
         for read in self._reads:
             if read.call.withdraw():
-                current_ledger().close(read.entry)
+                read.ledger.close(read.entry)
             else:
                 kept.append(read)
         self._reads = kept

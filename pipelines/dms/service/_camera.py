@@ -6,7 +6,7 @@ a camera that stops delivering an UNAVAILABLE service that says so on every sink
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, Awaitable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -110,15 +110,33 @@ class Camera:
                 await self._take(source, outbox)
 
     async def _take(self, source: AsyncIterable[Frame], outbox: JobSlot) -> None:
-        number = 0
         recorded = source if isinstance(source, RecordedSource) else None
-        if recorded is not None:
-            recorded.stale_after = self.stale_after
-        skipped = 0
+        if recorded is None:
+            await self._frames_of(source, outbox)
+            return
+        recorded.stale_after = self.stale_after
+        counted = recorded.skipped
+
+        def count_skipped() -> None:  # the frames it skipped, having fallen behind: dropped
+            nonlocal counted
+            if recorded.skipped > counted:
+                self.outcomes.skipped(recorded.skipped - counted)
+                counted = recorded.skipped
+
+        try:
+            await self._frames_of(source, outbox, count_skipped)
+        finally:
+            count_skipped()
+
+    async def _frames_of(
+        self,
+        source: AsyncIterable[Frame],
+        outbox: JobSlot,
+        arriving: Callable[[], None] = lambda: None,
+    ) -> None:
+        number = 0
         async for frame in source:
-            if recorded is not None and recorded.skipped > skipped:  # it fell behind
-                self.outcomes.skipped(recorded.skipped - skipped)
-                skipped = recorded.skipped
+            arriving()
             if self.frames is not None and number >= self.frames:
                 break
             self.faults.frame_arrives(number)
