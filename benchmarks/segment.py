@@ -71,12 +71,19 @@ def cabin(position: int, width: int, height: int) -> np.ndarray:
     return np.clip(scene + noise, 16, 235).astype(np.uint8)
 
 
-def build(directory: Path, frames: int) -> Path:
+def build(directory: Path, frames: int, keyframe_every: int | None = None) -> Path:
+    """A ``frames``-frame 1928x1208 segment of :func:`cabin` at :data:`BITRATE` (a keyframe every
+    ``keyframe_every`` frames, else the encoder's choice: here, the first only)."""
     from openpilot_segments import build_segment  # tests/: PyAV's libx265, our schema
 
     started = time.perf_counter()
     built = build_segment(
-        directory / "bench--0", frames=frames, size=(1928, 1208), image=cabin, bitrate=BITRATE
+        directory / "bench--0",
+        frames=frames,
+        size=(1928, 1208),
+        image=cabin,
+        bitrate=BITRATE,
+        keyframe_every=keyframe_every,
     )
     video = built.path / "dcamera.hevc"
     print(

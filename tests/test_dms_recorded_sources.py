@@ -1,10 +1,14 @@
 """Recorded inputs pay what a live camera pays: a recording, a video file or a route segment is
 read ahead on its source's worker thread and, paced, handed on at each frame's recorded end of
-frame; a source that falls behind skips what it could only deliver stale (a recording by its
-headers, a segment to its next keyframe, unread), and the service counts the frames skipped as
-dropped at the camera. In virtual time, the clock held while the source's thread works."""
+frame; a source that falls behind skips what it could only deliver stale — reading on where it
+can catch up so, a segment skipping to its next keyframe unread where it cannot, never silent —
+and the service counts the frames skipped as dropped at the camera. In virtual time, the clock
+held while the source's thread works."""
 
 from __future__ import annotations
+
+import itertools
+import time
 
 import anyio
 import numpy as np
@@ -52,7 +56,9 @@ async def recording(tmp_path):
 
 
 def held(ledger):
-    return virtual_time(autojump_threshold=0.005, hold=threads_busy(ledger))
+    """Virtual time that stands still while the source's thread works (and waits 20 ms of real
+    time before each jump: a read's end wakes the loop just after it leaves the ledger)."""
+    return virtual_time(autojump_threshold=0.02, hold=threads_busy(ledger))
 
 
 async def test_a_recorded_source_reads_ahead_of_the_frame_it_hands_on(recording, monkeypatch):
@@ -88,10 +94,10 @@ async def test_a_paced_recording_hands_each_frame_on_at_its_recorded_end_of_fram
     assert camera.skipped == 0
 
 
-async def test_a_paced_recording_that_falls_behind_skips_to_the_frame_due_now(recording):
+async def test_a_paced_recording_that_falls_behind_catches_up_by_reading_on(recording):
     """Its consumer is away for 0.6 s after frame 5: the frames that would now be older than the
-    staleness bound are skipped — those read ahead one by one, the rest by the records' headers,
-    unread — and it goes on with the frame due then, at its own end of frame."""
+    staleness bound are skipped, and since its reads are quicker than the frames' spacing the
+    source reads on to the frame due then, handed on at its own end of frame."""
     delivered: list[tuple[Frame, int]] = []
     with use_ledger(Ledger()) as ledger:
         async with held(ledger), ReplayCamera(recording) as camera:
@@ -109,18 +115,26 @@ async def test_a_paced_recording_that_falls_behind_skips_to_the_frame_due_now(re
     assert all(at <= frame.timestamp_eof + stale_ns for frame, at in delivered)
 
 
-async def test_a_route_segment_behind_skips_to_its_next_keyframe_without_decoding_between(
-    tmp_path, monkeypatch
-):
-    built = build_segment(tmp_path / "seg--0", frames=40, keyframe_every=10)
+def slow_decodes(monkeypatch) -> list[int]:
+    """Every frame of a segment takes 60 ms to decode (more than its 50 ms spacing: a decoder
+    that cannot catch up by decoding), held in virtual time; the count of frames decoded."""
     decoded: list[int] = []
     decode = segments.nv12_from_video
 
-    def counting(frame):
+    def slow(frame):
         decoded.append(1)
+        time.sleep(0.06)
         return decode(frame)
 
-    monkeypatch.setattr(segments, "nv12_from_video", counting)
+    monkeypatch.setattr(segments, "nv12_from_video", slow)
+    return decoded
+
+
+async def test_a_segment_that_cannot_catch_up_skips_to_its_next_keyframe_unread(
+    tmp_path, monkeypatch
+):
+    built = build_segment(tmp_path / "seg--0", frames=40, keyframe_every=10)
+    decoded = slow_decodes(monkeypatch)
     ids: list[int] = []
     with use_ledger(Ledger()) as ledger:
         async with held(ledger), SegmentCamera(built.path) as camera:
@@ -129,12 +143,33 @@ async def test_a_route_segment_behind_skips_to_its_next_keyframe_without_decodin
                     ids.append(frame.frame_id)
                     if len(ids) == 3:
                         await anyio.sleep(0.5)  # 10 periods away: behind frame 13 or so
-    first = built.frames[0].frame_id
-    resumed = ids[3] - first
+    resumed = ids[3] - built.frames[0].frame_id
     assert resumed == 20  # the next keyframe at or after the frame due then
     assert camera.skipped == resumed - 3
-    # decoded: the three handed on, the ones read ahead meanwhile, and from the keyframe on
-    assert len(decoded) <= 3 + AHEAD + 1 + (40 - 20)
+    # decoded: the three handed on, those read ahead meanwhile, and from the keyframe on; not
+    # the frames between, up to the keyframe
+    assert len(decoded) <= 3 + 2 * (AHEAD + 1) + (40 - 20) < 40
+
+
+async def test_a_segment_that_cannot_catch_up_nor_skip_hands_on_stale_frames_not_silence(
+    tmp_path, monkeypatch
+):
+    """No keyframe but the first: behind, it has nothing to skip to, and rather than go silent
+    it hands on the frame it has once it has handed on none for stale_after."""
+    built = build_segment(tmp_path / "seg--0", frames=30)
+    slow_decodes(monkeypatch)
+    handed: list[tuple[Frame, int]] = []
+    with use_ledger(Ledger()) as ledger:
+        async with held(ledger), SegmentCamera(built.path) as camera:
+            with anyio.fail_after(60):
+                async for frame in camera:
+                    handed.append((frame, clock_ns()))
+                    if len(handed) == 3:
+                        await anyio.sleep(0.5)
+    assert len(handed) > 3 and camera.skipped > 0
+    assert len(handed) + camera.skipped == 30  # every frame handed on or skipped, counted
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(handed[3:])]
+    assert max(gaps, default=0) <= round(2 * camera.stale_after * 1e9)  # never silent long
 
 
 async def test_the_frames_a_recorded_source_skips_are_dropped_at_the_camera_and_counted(

@@ -7,6 +7,7 @@ pays), a frame the source could only deliver stale skipped.
 from __future__ import annotations
 
 import contextvars
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class _Read:
     done: Completion[Any]
     ledger: Ledger
     entry: LedgerEntry
+    took: list[float]
+    """How long the call took on the worker thread, once done."""
     skip: bool = False
 
 
@@ -57,10 +60,16 @@ class RecordedSource(SourceBase):
     delivered: ``ahead`` + 1 frames at most, 11 MB at 1928x1208), so that a frame is ready before
     it is due, as camerad hands on a frame it has read out, and its reading is not charged to
     its age. Each frame is moved onto the loop clock (:class:`RecordedTime`); paced, it is
-    delivered at its end of frame there. A paced source that falls behind — a frame ready only
-    :attr:`stale_after` past its end of frame — skips it (counted in :attr:`skipped`) and asks to
-    skip ahead to the frame due now (:meth:`_skip_recorded`: for HEVC, the next keyframe), as a
-    live camera's consumer finds old frames gone. Replaying (unpaced), nothing is skipped.
+    delivered at its end of frame there.
+
+    A paced source that falls behind — a frame ready only :attr:`stale_after` past its end of
+    frame — skips it (counted in :attr:`skipped`), as a live camera's consumer finds old frames
+    gone. Where its reads are quicker than the frames' spacing it catches up by reading on;
+    where they are not, it must skip ahead unread to the frame due (:meth:`_skip_recorded`: a
+    recording by its headers, HEVC to its next keyframe); and where it cannot (no keyframe
+    ahead), it hands on the frame it has, stale, once it has handed on none for
+    :attr:`stale_after`: its consumer hears of frames, stale ones, rather than silence.
+    Replaying (unpaced), nothing is skipped.
     """
 
     ahead: int = AHEAD
@@ -75,6 +84,16 @@ class RecordedSource(SourceBase):
     _reads: deque[_Read]
     _ended: bool = False
     _behind: bool = False
+    """A skip ahead is on its way to the worker thread."""
+    _cannot_skip: bool = False
+    """The last skip ahead found nothing to skip to."""
+    _read_seconds: float = 0.0
+    """Recent reads' time on the worker thread (a moving average)."""
+    _spacing_ns: int = 0
+    """The recorded spacing of the last two frames read."""
+    _handed_at: int | None = None
+    """When a frame was last handed on (loop clock, ns)."""
+    _last_recorded: int | None = None
     _reading = "reading"
     """What a read does, for its bound's errors (``decoding`` a video's)."""
 
@@ -114,14 +133,21 @@ class RecordedSource(SourceBase):
                     raise StopAsyncIteration
                 frame = self._pending = self._clock.retimed(recorded)
             if self.paced:
-                if clock_ns() - frame.timestamp_eof > stale_ns:  # behind: gone, as a camera's
-                    self._pending = None
+                if clock_ns() - frame.timestamp_eof > stale_ns and not self._silent(stale_ns):
+                    self._pending = None  # behind: gone, as a camera's would be
                     self._fell_behind(frame)
                     continue
                 await wait_until_ns(frame.timestamp_eof)
             self._pending = None
             self.delivered += 1
+            self._handed_at = clock_ns()
             return frame
+
+    def _silent(self, stale_ns: int) -> bool:
+        """A source that cannot catch up nor skip ahead has handed on nothing for ``stale_ns``:
+        it hands on what it has."""
+        handed = self._handed_at
+        return self._cannot_skip and handed is not None and clock_ns() - handed >= stale_ns
 
     async def _next_recorded(self) -> Frame | None:
         """The next frame read, reads ahead handed to the worker first."""
@@ -140,18 +166,25 @@ class RecordedSource(SourceBase):
             self._reads.popleft()
             if read.skip:
                 self.skipped += result
-                self._behind = False
+                self._behind, self._cannot_skip = False, result == 0
                 continue
+            self._read_seconds += 0.2 * (sum(read.took) - self._read_seconds)
+            if result is not None:
+                frame = cast("Frame", result)
+                if self._last_recorded is not None:
+                    self._spacing_ns = frame.timestamp_sof - self._last_recorded
+                self._last_recorded = frame.timestamp_sof
             if result is None:  # the end: the reads behind it have nothing to read
                 self._ended = True
                 self._withdraw()
             return cast("Frame | None", result)
 
     def _fell_behind(self, frame: Frame) -> None:
-        """``frame`` is too old to deliver: skipped; the source skips ahead to the frame due
-        now, once at a time."""
+        """``frame`` is too old to deliver: skipped; a source whose reads are too slow to catch
+        up skips ahead to the frame due now, one skip at a time."""
         self.skipped += 1
-        if self._behind or self._ended or frame.recorded_sof is None:
+        catches_up = self._read_seconds * 1e9 < 0.8 * self._spacing_ns
+        if catches_up or self._behind or self._ended or frame.recorded_sof is None:
             return
         self._behind = True
         due = frame.recorded_sof + clock_ns() - frame.timestamp_sof
@@ -165,19 +198,23 @@ class RecordedSource(SourceBase):
         context = contextvars.copy_context()
         ledger = current_ledger()
         entry = ledger.open(LedgerKind.WORKER_THREAD, awaited)
+        took: list[float] = []
 
         def work() -> None:
+            start = time.perf_counter()
             try:
                 result = context.run(call)
             except BaseException as exc:  # handed to whoever waits for it
+                took.append(time.perf_counter() - start)
                 ledger.close(entry)
                 setter.set_exception(exc)
             else:
+                took.append(time.perf_counter() - start)
                 ledger.close(entry)
                 setter.set_result(result)
 
         pending = self._worker_thread().submit(work)
-        self._reads.append(_Read(pending, done, ledger, entry, skip))
+        self._reads.append(_Read(pending, done, ledger, entry, took, skip))
 
     def _withdraw(self) -> None:
         """Take back the reads that have not started (they never run)."""

@@ -41,7 +41,11 @@ if TYPE_CHECKING:
 
     VideoPacket = av.Packet[av.VideoStream]
 
-__all__ = ["SegmentCamera", "count_video_frames", "nv12_from_video"]
+__all__ = ["KEYFRAME_HORIZON", "SegmentCamera", "count_video_frames", "nv12_from_video"]
+
+KEYFRAME_HORIZON = 100
+"""Frames a segment that fell behind looks ahead for a keyframe to skip to (5 s at 20 Hz; about
+6 MB of packets at 10 Mbit/s, kept to be decoded where there is none)."""
 
 Buffer = npt.NDArray[np.uint8]
 
@@ -125,8 +129,8 @@ class _Video:
             )
         self._stream = stream
         self._packets: Iterator[VideoPacket] = self._container.demux(stream)
-        self._held: VideoPacket | None = None
-        """A packet read and not decoded yet (skipping ahead stops at it)."""
+        self._held: deque[VideoPacket] = deque()
+        """Packets read and not decoded yet (where looking for a keyframe stopped)."""
         self._decoded: deque[av.VideoFrame] = deque()
         self._flushed = False
 
@@ -150,8 +154,7 @@ class _Video:
             raise SegmentError(f"{self.where}: video frame {self.position - 1}: {exc}") from None
 
     def _next_packet(self) -> VideoPacket | None:
-        packet, self._held = self._held, None
-        return packet if packet is not None else next(self._packets, None)
+        return self._held.popleft() if self._held else next(self._packets, None)
 
     def _next_decoded(self) -> av.VideoFrame | None:
         """Packet by packet (each a frame: no B-frames, so decode order is display order)."""
@@ -165,23 +168,24 @@ class _Video:
 
     def skip_to_keyframe(self, position: int) -> int:
         """Skip, without decoding them, the frames before the first keyframe at or after video
-        frame ``position`` (to the end, if there is none): how many frames it skipped."""
-        start = self.position
-        while self._decoded:  # decoded already: taken as they are
-            self._decoded.popleft()
-            self.position += 1
+        frame ``position``, where there is one within :data:`KEYFRAME_HORIZON` frames (else
+        none: the packets looked at are kept, to be decoded): how many frames it skipped."""
+        looked: list[VideoPacket] = []
+        at = self.position + len(self._decoded)  # the next packet's frame
         for packet in iter(self._next_packet, None):
-            if not packet.size:  # the end
-                self._flushed = True
-                break
-            if packet.is_keyframe and self.position >= position:
-                self._held = packet  # decoding starts again here
-                break
-            self.position += 1
-        else:
-            self._flushed = True
-        self._stream.codec_context.flush_buffers()  # what it held of the frames skipped
-        return self.position - start
+            looked.append(packet)
+            if not packet.size or len(looked) > KEYFRAME_HORIZON:
+                break  # the end, or too far to look
+            if packet.is_keyframe and at >= position:
+                skipped = len(self._decoded) + len(looked) - 1
+                self._decoded.clear()
+                self._held.extendleft(reversed(looked[-1:]))  # decoding starts again here
+                self._stream.codec_context.flush_buffers()  # what it held of the frames skipped
+                self.position += skipped
+                return skipped
+            at += 1
+        self._held.extendleft(reversed(looked))  # nothing to skip to: decoded as they come
+        return 0
 
     def close(self) -> None:
         self._container.close()

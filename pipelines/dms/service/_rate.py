@@ -8,7 +8,8 @@ that fell behind) or ends stale. When at least :data:`OVERLOADED_SHARE` of the w
 lost (and :data:`OVERLOADED_LOSSES` at least), the service is *overloaded*: it says so with the rate
 it achieves, DEGRADED, or UNAVAILABLE while that rate is below the minimum its consumer needs. The
 account starts with the first valid frame (a service starting, or coming back from a device's
-failure, is not a slow host). Plain bookkeeping: the times are given, on the loop clock.
+failure, is not a slow host), and is judged once it is a window old. Plain bookkeeping: the times
+are given, on the loop clock.
 """
 
 from __future__ import annotations
@@ -101,22 +102,20 @@ class RateWatch:
         self._first = None
 
     def verdict(self, at: float, *, below: bool = False) -> RateVerdict | None:
-        """The verdict at ``at``: None while the service keeps up (or too few frames came to
-        tell: fewer than 10 in the window). ``below``: the last verdict was below the
-        minimum."""
+        """The verdict at ``at``: None while the service keeps up (or too little is known to
+        tell: the account is younger than the window, or fewer than 10 frames came in it).
+        ``below``: the last verdict was below the minimum."""
         since = at - self.window
         for times in (self._arrived, self._valid, self._lost):
             while times and times[0] < since:
                 times.popleft()
         delivered = len(self._arrived)
-        if self._first is None or delivered < _JUDGED_AFTER:
-            return None
+        if self._first is None or at - self._first < self.window or delivered < _JUDGED_AFTER:
+            return None  # a window's worth of frames first: a service's first runs are slow
         lost = len(self._lost)
         if lost < OVERLOADED_LOSSES or lost < OVERLOADED_SHARE * delivered:
             return None
-        span = min(self.window, at - self._first)
-        if span <= 0:
-            return None
+        span = self.window
         camera = delivered / span
         minimum = MIN_RATE_SHARE * camera if self.min_rate is None else self.min_rate
         valid = len(self._valid) / span
