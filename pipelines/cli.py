@@ -17,6 +17,7 @@ import sys
 from typing import NoReturn
 
 from .dms.run_summary import RunFacts, format_record, record_before_start, write_summary_json
+from .echo import cut_words
 from .exit_codes import ExitCode, stopped_exit_code
 from .extras import DMS_EXTRA, FLEET_EXTRA
 from .stopping import Interrupted, Stopping
@@ -38,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
     """A bad option is one line: what was wrong, no usage block."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(ExitCode.REFUSED, f"{self.prog}: {message}\n")
+        self.exit(ExitCode.REFUSED, f"{self.prog}: {cut_words(message)}\n")
 
 
 def _missing_dms_dependency() -> str | None:
