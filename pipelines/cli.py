@@ -307,7 +307,7 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     if args.command == "demo":
         from .demo import main as demo_main
 
-        return demo_main()
+        return demo_main(stopping)
     if args.command == "model-info":
         return _model_info(args.model)
     if args.command == "record":

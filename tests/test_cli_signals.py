@@ -159,3 +159,13 @@ def test_a_signal_and_its_echo_as_soon_as_the_handlers_are_in_stop_it_cleanly(si
         child.send_signal(signum)
         code, out, err = _ended(child)
         assert code == ExitCode.OK and "summary (stopped: signal" in out, err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_demo_runs_stops_it_with_exit_130(signum):
+    child = _aio_dms("demo")
+    assert child.stdout is not None
+    assert child.stdout.readline().startswith("availability -> ")  # it runs (the timeout bounds)
+    child.send_signal(signum)
+    code, _, err = _ended(child)
+    assert code == ExitCode.INTERRUPTED and "aio-dms demo: stopped by a signal" in err, err
