@@ -12,9 +12,9 @@ SIGINT or SIGTERM there has its default effect: the process is killed by the sig
 then: a SIGINT raises ``KeyboardInterrupt`` in ``site``, a SIGTERM still kills), then the console
 script's ``import sys`` and the import of this module, which imports nothing but
 :mod:`pipelines.stopping` and the few standard modules it needs (typing is not among them).
-Measured on an idle 2-core machine: about 7 ms of interpreter, 15 ms of ``site`` with an
-editable installation's path finder (a few ms without), 2-3 ms from this module's import to the
-handlers. A signal sent right as the process is spawned lands in that window.
+Measured on an idle 2-core machine: about 7 ms of interpreter, 15 ms of ``site`` (most of it an
+editable installation's path finder), 2-3 ms from this module's import to the handlers. A signal
+sent right as the process is spawned lands in that window.
 """
 
 from __future__ import annotations
