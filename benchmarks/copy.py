@@ -18,8 +18,9 @@ The libusb variant needs umockdev's preload, which slows the whole process; it r
 process under ``umockdev-wrapper`` (with its own memcpy baseline), after the others. Prints a table
 (median MB/s, and the ratio to memcpy), then one JSON line with ``copyin_MBps``, ``copyout_MBps``,
 ``memcpy_MBps``, ``libusb_copyin_MBps``, ``libusb_copyout_MBps``, ``threaded_copyin_MBps``,
-``threaded_copyout_MBps``, ``host_copyin_MBps``, ``host_copyout_MBps``. Target: copy-in and
-copy-out >= 1000 MB/s in process (a USB 3.2 Gen 2 link carries ~1200 MB/s).
+``threaded_copyout_MBps``, ``host_copyin_MBps``, ``host_copyout_MBps`` and ``targets_met``.
+Target: copy-in and copy-out >= 1000 MB/s in process (a USB 3.2 Gen 2 link carries ~1200 MB/s).
+A run that fails (the libusb child included) is reported, see :mod:`benchmarks._report`.
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 
+from benchmarks._report import Report, cell, median, ratio, rounded, run
 from transports.gpu import GpuSession, SessionConfig
 from transports.protocol.gpu import Sdma
 from transports.sim.bridge import SimBridge
@@ -53,6 +53,7 @@ from transports.sim.umockdev import EmulatedBridge, umockdev_available
 from transports.sim.urb import SimUrb
 from transports.sim.usb import SimUsbTransport
 
+ROOT = Path(__file__).resolve().parent.parent
 SIZE = 8 << 20
 TARGET = 1000.0
 
@@ -129,7 +130,7 @@ def simulator_time() -> Iterator[list[float]]:
         SimBridge.submit, CopyEngine.execute = submit, execute  # type: ignore[method-assign]
 
 
-async def run(variants: list[str], rounds: int) -> dict[str, list[float]]:
+async def copies(variants: list[str], rounds: int) -> dict[str, list[float]]:
     data = os.urandom(SIZE)
     host = bytearray(SIZE)
     out = bytearray(SIZE)
@@ -146,7 +147,7 @@ async def run(variants: list[str], rounds: int) -> dict[str, list[float]]:
             await gpu.copy_in(buffers[name], data)
             await gpu.copy_out(buffers[name], out=out)
             if out != data:
-                raise SystemExit(f"{name}: the copy did not round-trip")
+                raise RuntimeError(f"{name}: the copy did not round-trip")
         for _ in range(rounds):
             start = time.perf_counter()
             memcpy()
@@ -173,21 +174,28 @@ async def run(variants: list[str], rounds: int) -> dict[str, list[float]]:
     return seconds
 
 
-def child_libusb(rounds: int) -> dict[str, float] | str:
-    """The libusb variant in a process of its own under umockdev-wrapper: its rates, or why not."""
+def child_libusb(report: Report, rounds: int) -> dict[str, float] | None:
+    """The libusb variant in a process of its own under umockdev-wrapper: its rates, or None
+    (why not: said, or reported as a failure)."""
     wrapper = shutil.which("umockdev-wrapper")
     if wrapper is None:
-        return "umockdev-wrapper is not installed (make setup installs it)"
-    command = [wrapper, sys.executable, __file__, "--child-libusb", "--rounds", str(rounds)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode or not lines:
-        return f"the libusb run failed ({done.returncode}): {done.stderr.strip()[-500:]}"
-    rates: dict[str, float] = json.loads(lines[-1])
-    return rates
+        print("libusb: not measured: umockdev-wrapper is not installed (make setup installs it)")
+        return None
+    command = [wrapper, sys.executable, "-m", "benchmarks.copy", "--child-libusb", "--rounds",
+               str(rounds)]  # fmt: skip
+    return report.child_json("the libusb run", command, timeout=600, cwd=ROOT)
 
 
-def main() -> None:
+def rates(seconds: dict[str, list[float]]) -> dict[str, float]:
+    """MB/s per variant: the median round's."""
+    return {
+        name: rate
+        for name, values in seconds.items()
+        if (rate := ratio(SIZE / 1e6, median(values))) is not None
+    }
+
+
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--libusb-rounds", type=int, default=3)
@@ -196,35 +204,34 @@ def main() -> None:
     if args.child_libusb:
         if not umockdev_available():
             raise SystemExit("the libusb variant needs umockdev's preload (umockdev-wrapper)")
-        seconds = anyio.run(run, ["libusb"], args.rounds)
-        print(json.dumps({k: SIZE / statistics.median(v) / 1e6 for k, v in seconds.items()}))
+        print(json.dumps(rates(anyio.run(copies, ["libusb"], args.rounds))))
         return
-    seconds = anyio.run(run, ["in-process", "threaded"], args.rounds)
-    rate = {name: SIZE / statistics.median(values) / 1e6 for name, values in seconds.items()}
-    memcpy = rate["memcpy"]
-    libusb_run = child_libusb(args.libusb_rounds)
+    seconds = report.attempt(
+        "the copies", anyio.run, copies, ["in-process", "threaded"], args.rounds
+    )
+    rate = rates(seconds or {})
+    memcpy = rate.get("memcpy")
+    libusb_rates = child_libusb(report, args.libusb_rounds) or {}
     print(
         f"copy of {SIZE >> 20} MiB, median of {args.rounds} rounds (libusb: {args.libusb_rounds})"
     )
     print(f"{'variant':<26} {'MB/s':>9} {'x memcpy':>9}")
     for name, value in rate.items():
-        print(f"{name:<26} {value:>9.0f} {value / memcpy:>9.3f}")
-    if isinstance(libusb_run, str):
-        print(f"libusb: not measured: {libusb_run}")
-        libusb_rates: dict[str, float] = {}
-    else:
-        libusb_rates = libusb_run
-        for name, value in libusb_rates.items():
-            label = "memcpy (under umockdev)" if name == "memcpy" else name
-            print(f"{label:<26} {value:>9.0f} {value / libusb_rates['memcpy']:>9.3f}")
+        print(f"{name:<26} {value:>9.0f} {cell(ratio(value, memcpy), '>9.3f')}")
+    for name, value in libusb_rates.items():
+        label = "memcpy (under umockdev)" if name == "memcpy" else name
+        print(
+            f"{label:<26} {value:>9.0f} {cell(ratio(value, libusb_rates.get('memcpy')), '>9.3f')}"
+        )
 
     def figure(table: dict[str, float], name: str) -> float | None:
-        return round(table[name], 1) if name in table else None
+        return rounded(table.get(name), 1)
 
+    copy_in, copy_out = rate.get("in-process copy-in"), rate.get("in-process copy-out")
     summary = {
         "copyin_MBps": figure(rate, "in-process copy-in"),
         "copyout_MBps": figure(rate, "in-process copy-out"),
-        "memcpy_MBps": round(memcpy, 1),
+        "memcpy_MBps": rounded(memcpy, 1),
         "host_copyin_MBps": figure(rate, "host side copy-in"),
         "host_copyout_MBps": figure(rate, "host side copy-out"),
         "threaded_copyin_MBps": figure(rate, "threaded copy-in"),
@@ -232,10 +239,10 @@ def main() -> None:
         "libusb_copyin_MBps": figure(libusb_rates, "libusb copy-in"),
         "libusb_copyout_MBps": figure(libusb_rates, "libusb copy-out"),
         "target_MBps": TARGET,
-        "target_met": min(rate["in-process copy-in"], rate["in-process copy-out"]) >= TARGET,
     }
-    print(json.dumps(summary))
+    met = copy_in is not None and copy_out is not None and min(copy_in, copy_out) >= TARGET
+    report.end(summary, targets_met=met)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -17,7 +17,8 @@ nothing but its result: what the service wrote to standard output or standard er
 Final JSON line with ``baseline_lag_p99_ms``, ``sim_lag_p99_ms``, ``cpu_lag_p99_ms``, the
 ``*_lag_max_ms`` and ``*_echo_p99_ms`` of each case, ``*_stalls_over_5ms`` and
 ``*_stalls_over_20ms``, and ``targets_met``. Targets: loop lag p99 <= 2 ms; echo p99 <= the
-baseline's + 1 ms; no stall over 20 ms.
+baseline's + 1 ms; no stall over 20 ms. A case whose interpreter fails is reported with the last
+line of its standard error, see :mod:`benchmarks._report`.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ import asyncio
 import collections
 import json
 import os
-import subprocess
 import time
 from typing import Any
 
 import numpy as np
 
+from benchmarks._report import Report, cell, run
 from pipelines.dms.config import ServiceConfig
 from pipelines.dms.service import DmsService
 
@@ -168,26 +169,29 @@ async def run_case(case: str, frames: int) -> dict[str, Any]:
     }
 
 
-def measure(case: str, frames: int) -> dict[str, Any]:
-    """A case in an interpreter of its own; what it wrote besides its result is reported."""
-    child = subprocess.run(
-        [sys.executable, "-m", "benchmarks.embed", "--case", case, "--frames", str(frames)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=600,
-    )
-    lines = child.stdout.splitlines()
-    if child.returncode != 0 or not lines:
-        raise SystemExit(f"case {case} failed ({child.returncode}):\n{child.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1])
+def measure(report: Report, case: str, frames: int) -> dict[str, Any] | None:
+    """A case in an interpreter of its own (None where it failed: reported); what it wrote
+    besides its result is reported."""
+    command = [sys.executable, "-m", "benchmarks.embed", "--case", case, "--frames", str(frames)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = report.child(f"case {case}", command, timeout=600, cwd=ROOT, env=env)
+    if done is None:
+        return None
+    lines = done.stdout.splitlines()
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        report.fail(f"case {case}", "no result line")
+        return None
     result["stdout_lines_besides_result"] = len(lines) - 1
-    result["stderr_bytes"] = len(child.stderr)
+    result["stderr_bytes"] = len(done.stderr)
     return result
 
 
-def main() -> None:
+FIGURES = ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "echo_p50_ms", "echo_p99_ms")
+
+
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=300, help="frames per service case")
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in a child
@@ -202,18 +206,24 @@ def main() -> None:
         f"case; echo every {ECHO_INTERVAL * 1e3:g} ms, lag probe every 1 ms; each case in a "
         "fresh interpreter"
     )
-    rows = {case: measure(case, args.frames) for case in CASES}
+    measured = {case: measure(report, case, args.frames) for case in CASES}
+    rows = {case: r for case, r in measured.items() if r is not None}
     header = (
         f"{'case':<9} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} {'echo p50':>9} "
         f"{'echo p99':>9} {'>5 ms':>6} {'>20 ms':>6} {'start s':>8} {'valid':>11} {'out':>4}"
     )
     print(header)
     print("-" * len(header))
-    for case, r in rows.items():
+    for case in CASES:
+        if case not in rows:
+            print(f"{case:<9} {'-':>8} (failed: see above)")
+            continue
+        r = rows[case]
         frames = f"{r['valid']}/{r['messages']}" if case != "baseline" else "-"
         print(
-            f"{case:<9} {r['lag_p50_ms']:>8.2f} {r['lag_p99_ms']:>8.2f} {r['lag_max_ms']:>8.1f} "
-            f"{r['echo_p50_ms']:>9.3f} {r['echo_p99_ms']:>9.3f} {r['stalls_over_5ms']:>6} "
+            f"{case:<9} {cell(r['lag_p50_ms'], '>8.2f')} {cell(r['lag_p99_ms'], '>8.2f')} "
+            f"{cell(r['lag_max_ms'], '>8.1f')} {cell(r['echo_p50_ms'], '>9.3f')} "
+            f"{cell(r['echo_p99_ms'], '>9.3f')} {r['stalls_over_5ms']:>6} "
             f"{r['stalls_over_20ms']:>6} {r['start_s']:>8.2f} {frames:>11} "
             f"{r['stdout_lines_besides_result'] + r['stderr_bytes']:>4}"
         )
@@ -229,30 +239,41 @@ def main() -> None:
         if others:
             counted = ", ".join(f"{n} {phase}" for phase, n in others.items())
             print(f"  {case}: {counted} (5-20 ms)")
-    baseline_echo = rows["baseline"]["echo_p99_ms"]
+    baseline_echo = rows.get("baseline", {}).get("echo_p99_ms")
+
+    def within(value: float | None, limit: float | None) -> bool:
+        return value is not None and limit is not None and value <= limit
+
     missed = [
         f"{case}: {what}"
         for case in ("sim", "cpu")
         for what, ok in (
-            (f"lag p99 <= {LAG_P99_MS} ms", rows[case]["lag_p99_ms"] <= LAG_P99_MS),
+            (
+                f"lag p99 <= {LAG_P99_MS} ms",
+                within(rows.get(case, {}).get("lag_p99_ms"), LAG_P99_MS),
+            ),
             (
                 f"echo p99 <= baseline + {ECHO_OVER_BASELINE_MS} ms",
-                rows[case]["echo_p99_ms"] <= baseline_echo + ECHO_OVER_BASELINE_MS,
+                within(
+                    rows.get(case, {}).get("echo_p99_ms"),
+                    None if baseline_echo is None else baseline_echo + ECHO_OVER_BASELINE_MS,
+                ),
             ),
-            ("no stall over 20 ms", rows[case]["stalls_over_20ms"] == 0),
+            ("no stall over 20 ms", rows.get(case, {}).get("stalls_over_20ms") == 0),
         )
         if not ok
     ]
     summary: dict[str, Any] = {}
-    for case, r in rows.items():
-        for key in ("lag_p50_ms", "lag_p99_ms", "lag_max_ms", "echo_p50_ms", "echo_p99_ms"):
-            summary[f"{case}_{key}"] = round(r[key], 3)
-        summary[f"{case}_stalls_over_5ms"] = r["stalls_over_5ms"]
-        summary[f"{case}_stalls_over_20ms"] = r["stalls_over_20ms"]
-    summary["targets_met"] = not missed
+    for case in CASES:
+        r = rows.get(case, {})
+        for key in FIGURES:
+            value = r.get(key)
+            summary[f"{case}_{key}"] = None if value is None else round(value, 3)
+        summary[f"{case}_stalls_over_5ms"] = r.get("stalls_over_5ms")
+        summary[f"{case}_stalls_over_20ms"] = r.get("stalls_over_20ms")
     print(f"targets missed: {', '.join(missed) if missed else 'none'}")
-    print(json.dumps(summary))
+    report.end(summary, targets_met=not missed)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

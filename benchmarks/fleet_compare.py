@@ -7,7 +7,8 @@ decisions, with a few frames missing on each side. Written once into a temporary
 timed), then compared ``--rounds`` times.
 
 Prints a table, then one JSON line: ``rows`` (a side), ``write_s``, ``compare_s`` (median of the
-rounds), ``rows_per_s`` (rows of both sides a second), ``write_comparison_s``, ``peak_rss_mb``.
+rounds), ``rows_per_s`` (rows of both sides a second), ``write_comparison_s``, ``peak_rss_mb``
+(a step that fails is reported, see :mod:`benchmarks._report`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,23 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
-import json
 import resource
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks._report import Report, cell, median, ratio, rounded, run
 from pipelines.dms.fleet.compare import compare_runs, write_comparison
 from pipelines.dms.messages import READINESS_LAYERS
 from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, parquet_schema
+
+T = TypeVar("T")
 
 MOVED = {"left.faceProb": 0.05, "left.phoneProb": -0.04, "left.faceOrientation.1": 0.02}
 """The candidate's columns that move, and by how much (the baseline's value plus it)."""
@@ -76,52 +80,69 @@ def _write_runs(root: Path, recordings: int, frames: int, seed: int) -> tuple[Pa
         for column, by in MOVED.items():
             moved[column] = (driver[column] + np.float32(by)).astype(np.float32)
         ids = np.arange(frames, dtype=np.int64)
-        for run, values, kept in ((runs[0], driver, ids[1:]), (runs[1], moved, ids[:-2])):
-            folder = run / "frames" / quote(name, safe="")
+        for side, values, kept in ((runs[0], driver, ids[1:]), (runs[1], moved, ids[:-2])):
+            folder = side / "frames" / quote(name, safe="")
             folder.mkdir(parents=True)
             table = _recording(name, ids, values).take(pa.array(kept))
             pq.write_table(table, folder / "part-0.parquet", compression="zstd")
     return runs
 
 
-def main() -> None:
+def timed(call: Callable[[], T]) -> tuple[T, float]:
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
+
+
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recordings", type=int, default=100)
     parser.add_argument("--frames", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    comparison, times, write_s, written_s = None, [], None, None
     with tempfile.TemporaryDirectory(prefix="fleet-compare-") as folder:
         root = Path(folder)
-        started = time.perf_counter()
-        baseline, candidate = _write_runs(root, args.recordings, args.frames, seed=1)
-        write_s = time.perf_counter() - started
-        times = []
-        for _ in range(args.rounds):
-            started = time.perf_counter()
-            comparison = compare_runs(baseline, candidate)
-            times.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        write_comparison(comparison, root / "comparison")
-        written_s = time.perf_counter() - started
-    rows = comparison.rows_baseline
-    compare_s = statistics.median(times)
+        made = report.attempt(
+            "the runs", timed, lambda: _write_runs(root, args.recordings, args.frames, seed=1)
+        )
+        if made is not None:
+            (baseline, candidate), write_s = made
+            for number in range(args.rounds):
+                compared = report.attempt(
+                    f"comparison {number + 1}", timed, lambda: compare_runs(baseline, candidate)
+                )
+                if compared is not None:
+                    comparison, seconds = compared
+                    times.append(seconds)
+        if comparison is not None:
+            kept = comparison
+            wrote = report.attempt(
+                "the comparison written",
+                timed,
+                lambda: write_comparison(kept, root / "comparison"),
+            )
+            written_s = None if wrote is None else wrote[1]
+    compare_s = median(times)
+    rows = None if comparison is None else comparison.rows_baseline
+    both = None if comparison is None else comparison.rows_baseline + comparison.rows_candidate
+    per_second = ratio(both, compare_s)
     result = {
         "rows": rows,
-        "recordings": len(comparison.recordings),
-        "compared": comparison.compared,
-        "write_s": round(write_s, 3),
-        "compare_s": round(compare_s, 3),
-        "rows_per_s": round((comparison.rows_baseline + comparison.rows_candidate) / compare_s),
-        "write_comparison_s": round(written_s, 3),
+        "recordings": None if comparison is None else len(comparison.recordings),
+        "compared": None if comparison is None else comparison.compared,
+        "write_s": rounded(write_s),
+        "compare_s": rounded(compare_s),
+        "rows_per_s": None if per_second is None else round(per_second),
+        "write_comparison_s": rounded(written_s),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    print(f"{'rows a side':<24} {rows}")
-    print(f"{'compare (median)':<24} {compare_s:.3f} s over {args.rounds} rounds")
-    print(f"{'rows/s (both sides)':<24} {result['rows_per_s']:,}")
-    print(f"{'write the comparison':<24} {written_s:.3f} s")
-    print(f"{'flip share':<24} {comparison.flip_shares}")
-    print(json.dumps(result))
+    print(f"{'rows a side':<24} {cell(rows, '')}")
+    print(f"{'compare (median)':<24} {cell(compare_s, '.3f')} s over {len(times)} rounds")
+    print(f"{'rows/s (both sides)':<24} {cell(result['rows_per_s'], ',')}")
+    print(f"{'write the comparison':<24} {cell(written_s, '.3f')} s")
+    print(f"{'flip share':<24} {None if comparison is None else comparison.flip_shares}")
+    report.end(result)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

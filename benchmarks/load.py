@@ -22,7 +22,9 @@ recovery hysteresis) and are left out of every share (the default section counts
 Prints a table per section, then one JSON line with ``load`` (per device: UNAVAILABLE transitions
 and failed sessions summed over the runs, the median invalid share),
 ``sim_minus_cpu_model_p50_ms``, ``default_invalid_median_pct``, ``failed_runs`` (runs that
-exited with a status other than 0) and ``targets_met`` (null where a figure is missing).
+exited with a status other than 0, or passed their bound; each is reported with the last line
+of its standard error, under ``failed``, see :mod:`benchmarks._report`) and ``targets_met``
+(false where a figure is missing).
 Targets: no failed run; 0 UNAVAILABLE transitions and 0 failed sessions under load;
 sim - cpu model execution p50 <= 3 ms; default run invalid share median <= 2 %.
 """
@@ -49,8 +51,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks._report import Report, last_line, run
+
 FAILED_RUNS: list[Run] = []
 """Runs that exited with a status other than 0: none may, for the targets to be met."""
+RUN_TIMEOUT = 600.0
+"""Seconds a run may take, at most."""
 TARGETS = {"unavailable": 0, "failed_sessions": 0, "sim_minus_cpu_ms": 3.0, "default_pct": 2.0}
 HOG = "while True: pass"
 
@@ -89,25 +95,31 @@ def _kind(reason: str) -> str:
     return f"{kind} (late)" if detail.startswith("late: ") else kind
 
 
-def run_service(device: str, args: list[str]) -> Run:
-    """``aio-dms run --device DEVICE ARGS`` in a child process, read back."""
+def run_service(report: Report, device: str, args: list[str], what: str) -> Run:
+    """``aio-dms run --device DEVICE ARGS`` in a child process, read back; one that fails (an
+    exit status other than 0, its bound passed) is reported as ``what``."""
     with tempfile.TemporaryDirectory() as folder:
         messages = Path(folder) / "messages.jsonl"
         command = [
-            sys.executable, "-m", "pipelines.cli", "run", "--device", device,
+            sys.executable, "-m", "pipelines", "run", "--device", device,
             "--health-port", "-1", "--jsonl", str(messages), "--log-format", "json", *args,
         ]  # fmt: skip
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=600, check=False,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        run = Run(device, exit_code=done.returncode)
-        if done.returncode:
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            code, stderr, why = done.returncode, done.stderr, ""
+        except subprocess.TimeoutExpired as exc:
+            code, stderr = -1, exc.stderr if isinstance(exc.stderr, str) else ""
+            why = f"no end within {RUN_TIMEOUT:g} s"
+        run = Run(device, exit_code=code)
+        if code:
             FAILED_RUNS.append(run)
-            print(f"aio-dms run exited with {done.returncode}: {done.stderr[-500:]}")
+            report.fail(what, why or f"exit status {code}: {_said(stderr)}")
         if messages.exists():
             _read_messages(run, messages.read_text().splitlines())
-    for line in done.stderr.splitlines():
+    for line in stderr.splitlines():
         with contextlib.suppress(ValueError):
             event = json.loads(line)
             if isinstance(event, dict) and event.get("event") == "session failed":
@@ -116,11 +128,23 @@ def run_service(device: str, args: list[str]) -> Run:
     return run
 
 
+def _said(stderr: str) -> str:
+    """What a run's standard error last said: the last log event's text, or its last line."""
+    line = last_line(stderr)
+    with contextlib.suppress(ValueError, AttributeError):
+        event = json.loads(line)
+        return str(event.get("exception") or event.get("event") or line).strip().splitlines()[-1]
+    return line or "nothing said"
+
+
 def _read_messages(run: Run, lines: list[str]) -> None:
     up = False
     previous = ""
     for line in lines:
-        message = json.loads(line)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue  # a line cut short where the run was stopped
         state = message["availability"]
         if message["frameId"] >= 0 and state == "available":
             up = True
@@ -158,7 +182,7 @@ def _reasons(run: Run) -> str:
     return ", ".join(shares) or "-"
 
 
-def load_section(runs: int, frames: int) -> dict[str, dict[str, Any]]:
+def load_section(report: Report, runs: int, frames: int) -> dict[str, dict[str, Any]]:
     hogs = os.cpu_count() or 1
     print(f"\nload: {runs} runs x {frames} frames per device, beside {hogs} CPU-bound processes")
     header = f"{'device':<6} {'run':>3} {'frames':>6} {'unavail':>7} {'failed':>6} {'hung':>4} "
@@ -167,7 +191,9 @@ def load_section(runs: int, frames: int) -> dict[str, dict[str, Any]]:
     for device in results:
         for number in range(runs):
             with cpu_hogs(hogs):
-                run = run_service(device, ["--frames", str(frames)])
+                run = run_service(
+                    report, device, ["--frames", str(frames)], f"load {device} {number + 1}"
+                )
             results[device].append(run)
             print(
                 f"{device:<6} {number + 1:>3} {run.frames:>6} {run.unavailable:>7} "
@@ -185,7 +211,7 @@ def load_section(runs: int, frames: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def interleaved_section(rounds: int, frames: int) -> dict[str, float | None]:
+def interleaved_section(report: Report, rounds: int, frames: int) -> dict[str, float | None]:
     print(
         f"\ninterleaved: {rounds} rounds of a cpu and a sim run of {frames} frames, no added load"
     )
@@ -193,7 +219,10 @@ def interleaved_section(rounds: int, frames: int) -> dict[str, float | None]:
     p50s: dict[str, list[float]] = {"cpu": [], "sim": []}
     for number in range(rounds):
         for device in p50s:
-            p50s[device].append(run_service(device, ["--frames", str(frames)]).model_p50_ms)
+            what = f"interleaved {device} {number + 1}"
+            p50s[device].append(
+                run_service(report, device, ["--frames", str(frames)], what).model_p50_ms
+            )
         cpu, sim = p50s["cpu"][-1], p50s["sim"][-1]
         print(f"{number + 1:>5} {cpu:>10.2f} {sim:>10.2f} {sim - cpu:>8.2f}")
     cpu, sim = statistics.median(p50s["cpu"]), statistics.median(p50s["sim"])
@@ -206,12 +235,12 @@ def interleaved_section(rounds: int, frames: int) -> dict[str, float | None]:
     }
 
 
-def default_section(runs: int) -> float:
+def default_section(report: Report, runs: int) -> float:
     print(f"\ndefault: {runs} runs of aio-dms run --duration 10 (the simulated accelerator)")
     print(f"{'run':>3} {'start-up':>8} {'frames':>6} {'invalid':>7}  by reason kind")
     shares = []
     for number in range(runs):
-        run = run_service("sim", ["--duration", "10"])
+        run = run_service(report, "sim", ["--duration", "10"], f"default {number + 1}")
         shares.append(run.invalid_pct)
         print(
             f"{number + 1:>3} {run.startup:>8} {run.frames:>6} {run.invalid_pct:>6.1f}%  "
@@ -225,7 +254,7 @@ def _finite(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 2)
 
 
-def main() -> None:
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="loaded runs per device")
     parser.add_argument("--frames", type=int, default=600, help="frames per loaded run")
@@ -234,9 +263,11 @@ def main() -> None:
     parser.add_argument("--default-runs", type=int, default=5, help="runs of --duration 10")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs; each run: aio-dms run in a child process")
-    load = load_section(args.runs, args.frames) if args.runs else {}
-    interleaved = interleaved_section(args.rounds, args.interleaved_frames) if args.rounds else {}
-    default = default_section(args.default_runs) if args.default_runs else float("nan")
+    load = load_section(report, args.runs, args.frames) if args.runs else {}
+    interleaved = (
+        interleaved_section(report, args.rounds, args.interleaved_frames) if args.rounds else {}
+    )
+    default = default_section(report, args.default_runs) if args.default_runs else float("nan")
     paired = interleaved.get("sim_minus_cpu_model_p50_ms")
     difference = math.nan if paired is None else paired
     summary = {
@@ -244,18 +275,20 @@ def main() -> None:
         **interleaved,
         "default_invalid_median_pct": _finite(default),
         "failed_runs": len(FAILED_RUNS),
-        "targets_met": not FAILED_RUNS
+    }
+    met = (
+        not FAILED_RUNS
         and all(
             device["unavailable"] <= TARGETS["unavailable"]
             and device["failed_sessions"] <= TARGETS["failed_sessions"]
             for device in load.values()
         )
         and difference <= TARGETS["sim_minus_cpu_ms"]
-        and default <= TARGETS["default_pct"],
-    }
+        and default <= TARGETS["default_pct"]
+    )
     print(f"\ntargets: {TARGETS}")
-    print(json.dumps(summary, allow_nan=False))
+    report.end(summary, targets_met=met)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

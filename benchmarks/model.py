@@ -12,7 +12,8 @@ Measured, in one run:
   ``runner_<n>t_ms``: :meth:`OnnxRunner.run` from an asyncio task — the same plus copying the inputs
   in, the worker thread hand-off and copying the output out.
 
-Prints a table, then one JSON line (with ``macs``: multiply-adds per run).
+Prints a table, then one JSON line (with ``macs``: multiply-adds per run). A step that fails is
+reported, see :mod:`benchmarks._report`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse
 import asyncio
 import functools
-import json
 import statistics
 import tempfile
 import time
@@ -36,6 +36,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from benchmarks._report import Report, cell, median, run
 from pipelines.dms.model_runner import OnnxRunner
 from pipelines.dms.reference_model import (
     build_reference_model,
@@ -46,7 +47,9 @@ from pipelines.dms.reference_model import (
 THREADS = (1, 2)
 
 
-def ms(seconds: list[float], q: float = 0.5) -> float:
+def ms(seconds: list[float], q: float = 0.5) -> float | None:
+    if not seconds:
+        return None
     ordered = sorted(seconds)
     return 1e3 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -57,7 +60,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-async def measure(path: Path, rounds: int) -> dict[str, float]:
+async def measure(path: Path, rounds: int) -> dict[str, float | None]:
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (960, 1440), dtype=np.uint8)
     calib = np.zeros(3, dtype=np.float32)
@@ -82,7 +85,7 @@ async def measure(path: Path, rounds: int) -> dict[str, float]:
             if warm >= 5:
                 direct[n].append(d)
                 runner[n].append(r)
-    result: dict[str, float] = {}
+    result: dict[str, float | None] = {}
     for n in THREADS:
         result[f"direct_{n}t_ms_p50"] = ms(direct[n])
         result[f"direct_{n}t_ms_p90"] = ms(direct[n], 0.9)
@@ -91,7 +94,7 @@ async def measure(path: Path, rounds: int) -> dict[str, float]:
     return result
 
 
-def main() -> None:
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
@@ -100,30 +103,35 @@ def main() -> None:
         first = timed(lambda: reference_model_path(folder))
         cached = timed(lambda: reference_model_path(folder))
         path = reference_model_path(folder)
-        session = statistics.median(
-            timed(lambda: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
-            for _ in range(5)
+        session = report.attempt(
+            "a session",
+            lambda: median(
+                timed(lambda: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+                for _ in range(5)
+            ),
         )
-        figures = asyncio.run(measure(path, args.rounds))
-    result = {
+        figures = report.attempt("the runs", asyncio.run, measure(path, args.rounds)) or {}
+    result: dict[str, float | None] = {
         "macs": reference_model_macs(),
         "build_ms": 1e3 * statistics.median(builds),
         "path_first_ms": 1e3 * first,
         "path_cached_ms": 1e3 * cached,
-        "session_ms": 1e3 * session,
+        "session_ms": None if session is None else 1e3 * session,
         **figures,
     }
-    print(f"reference model: {result['macs'] / 1e9:.3f} G multiply-adds per run")
+    print(f"reference model: {(result['macs'] or 0) / 1e9:.3f} G multiply-adds per run")
     for key in ("build_ms", "path_first_ms", "path_cached_ms", "session_ms"):
-        print(f"  {key:<16} {result[key]:8.2f}")
+        print(f"  {key:<16} {cell(result[key], '8.2f')}")
     print(f"  {'threads':<16} {'direct p50':>10} {'p90':>7} {'runner p50':>11} {'p90':>7}")
     for n in THREADS:
         print(
-            f"  {n:<16} {result[f'direct_{n}t_ms_p50']:10.2f} {result[f'direct_{n}t_ms_p90']:7.2f}"
-            f" {result[f'runner_{n}t_ms_p50']:11.2f} {result[f'runner_{n}t_ms_p90']:7.2f}"
+            f"  {n:<16} {cell(result.get(f'direct_{n}t_ms_p50'), '10.2f')} "
+            f"{cell(result.get(f'direct_{n}t_ms_p90'), '7.2f')} "
+            f"{cell(result.get(f'runner_{n}t_ms_p50'), '11.2f')} "
+            f"{cell(result.get(f'runner_{n}t_ms_p90'), '7.2f')}"
         )
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
+    report.end({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

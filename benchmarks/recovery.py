@@ -16,7 +16,9 @@ Reported per kind: fault -> UNAVAILABLE (from the fault's start; smu-timeout: fr
 and end of fault -> AVAILABLE (from its end: the simulator's rule cleared, or the fault's last
 frame passed), median and max, real seconds. Target: end of fault -> AVAILABLE within 1 s, plus
 the 0.5 s mode-1 reset pause where the boot that recovers needs one. On this shared, noisy
-machine quote medians. Final JSON line: per kind ``{"unavailable": {...}, "available": {...}}``.
+machine quote medians. Final JSON line: per kind ``{"unavailable": {...}, "available": {...}}``. A
+trial that fails (the service not UNAVAILABLE, or not AVAILABLE again, within its bound) is
+reported and the others go on, see :mod:`benchmarks._report`.
 """
 
 from __future__ import annotations
@@ -27,15 +29,15 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
-import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import anyio
 
 from aio_runtime import Availability, now
+from benchmarks._report import Report, run
 from pipelines.dms.camera import Frame
 from pipelines.dms.camera_synthetic import SyntheticCamera
 from pipelines.dms.config import ServiceConfig
@@ -158,7 +160,7 @@ def service_script(trials: int, duration: float) -> list[tuple[str, int, int]]:
     return [(kind, 60 + i * SERVICE_SPACING, frames) for i, kind in enumerate(kinds)]
 
 
-async def measure(trials: int, duration: float) -> Trials:
+async def measure(report: Report, trials: int, duration: float) -> Trials:
     script = service_script(trials, duration)
     config = ServiceConfig(
         device="sim",
@@ -171,16 +173,34 @@ async def measure(trials: int, duration: float) -> Trials:
     bench.plan = service.device.plan  # the simulated accelerator's, in this process
     async with service, anyio.create_task_group() as tg:
         tg.start_soon(bench.follow)
-        await bench.frames(script[-1][1] + script[-1][2] + SERVICE_SPACING + 1)  # their faults
-        for kind, first, frames in script:
-            bench.record(kind, bench.arrived[first], bench.arrived[first + frames])
+        try:
+            await bench.frames(script[-1][1] + script[-1][2] + SERVICE_SPACING + 1)  # their faults
+        except TimeoutError:
+            report.fail("the service's own faults", f"the frames stopped at {len(bench.arrived)}")
+        for number, (kind, first, frames) in enumerate(script):
+            if first + frames < len(bench.arrived):  # its frames came
+                start, end = bench.arrived[first], bench.arrived[first + frames]
+                what = f"{kind} trial {number // len(SERVICE_KINDS) + 1}"
+                try:
+                    bench.record(kind, start, end)
+                except RuntimeError as exc:  # not AVAILABLE again
+                    report.fail(what, str(exc))
         for kind in DEVICE_KINDS:
-            for _ in range(trials):
-                await bench.device_trial(kind, duration)
-        for _ in range(trials):
-            await bench.smu_trial(duration)
+            for number in range(trials):
+                trial = bench.device_trial(kind, duration)
+                await _trial(report, f"{kind} trial {number + 1}", trial)
+        for number in range(trials):
+            await _trial(report, f"smu-timeout trial {number + 1}", bench.smu_trial(duration))
         tg.cancel_scope.cancel()
     return bench
+
+
+async def _trial(report: Report, what: str, trial: Awaitable[None]) -> None:
+    """One trial; one that fails is reported, and the next begins."""
+    try:
+        await trial
+    except Exception as exc:
+        report.fail(what, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -199,14 +219,15 @@ def _cells(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} {max(values):7.3f} ({len(values)})"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(report: Report, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10, help="trials per fault kind")
     parser.add_argument("--duration", type=float, default=0.5, help="seconds each fault lasts")
     args = parser.parse_args(argv)
     if args.trials < 1 or not 0.1 < args.duration <= 5:
         parser.error("--trials must be >= 1 and --duration in (0.1, 5] seconds")
-    bench = anyio.run(measure, args.trials, args.duration)
+    bench = report.attempt("the service", anyio.run, measure, report, args.trials, args.duration)
+    bench = bench or Trials()
     print(f"recovery, real time: {args.trials} trials per kind, faults of {args.duration} s")
     print(
         f"{'fault':<15} {'-> unavailable (s) median max':>30}  {'end -> available (s) median max':>32}"
@@ -216,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         down, up = bench.unavailable[kind], bench.available[kind]
         print(f"{kind:<15} {_cells(down):>30}  {_cells(up):>32}")
         summary[kind] = {"unavailable": _stats(down), "available": _stats(up)}
-    print(json.dumps(summary))
+    report.end(summary)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "tests"))  # the test segment builder
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -40,6 +39,7 @@ import anyio
 import numpy as np
 
 from benchmarks._plain import one_thread_session
+from benchmarks._report import Report, cell, median, ratio, rounded, run
 from pipelines.dms.camera import nv12_layout
 from pipelines.dms.config import CameraFile, DeviceKind, Mode, ServiceConfig
 from pipelines.dms.decode import Decoder
@@ -175,7 +175,7 @@ async def _service(segment: Path) -> dict[str, float]:
     count = len(model_s)
     return {
         "frames": count,
-        "fps": count / wall,
+        "fps": ratio(count, wall),
         "hevc_decode_ms": _median(decode_s) * 1e3,
         "warp_ms": _median(warp_s) * 1e3,
         "model_ms": _median(model_s) * 1e3,
@@ -183,37 +183,44 @@ async def _service(segment: Path) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=200, help="frames of the built segment")
     parser.add_argument("--segment", type=Path, help="replay this segment instead of building one")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; one thread each")
+    rounds: dict[str, list[dict[str, Any]]] = {"plain": [], "service": []}
     with tempfile.TemporaryDirectory() as tmp:
-        segment = args.segment or build(Path(tmp), args.frames)
-        rounds: dict[str, list[dict[str, float]]] = {"plain": [], "service": []}
-        for _ in range(args.rounds):
-            rounds["plain"].append(plain(segment))
-            rounds["service"].append(anyio.run(_service, segment))
+        segment = args.segment or report.attempt("the segment", build, Path(tmp), args.frames)
+        for number in range(args.rounds if segment is not None else 0):
+            for way, replay in (("plain", plain), ("service", _replayed)):
+                result = report.attempt(f"{way}, round {number + 1}", replay, segment)
+                if result is not None:
+                    rounds[way].append(result)
     keys = ("fps", "hevc_decode_ms", "warp_ms", "model_ms", "cpu_ms_per_frame")
-    medians = {
-        way: {k: _median([r[k] for r in runs]) for k in keys} for way, runs in rounds.items()
-    }
-    frames = {way: int(runs[0]["frames"]) for way, runs in rounds.items()}
+    medians = {way: {k: median(r[k] for r in runs) for k in keys} for way, runs in rounds.items()}
+    frames = {way: int(runs[0]["frames"]) if runs else None for way, runs in rounds.items()}
     header = f"{'way':<8} {'frames':>6} {'frames/s':>9} {'decode ms':>10} {'warp ms':>8} "
     header += f"{'model ms':>9} {'CPU ms/frame':>13}"
     print(header)
     print("-" * len(header))
     for way, m in medians.items():
         print(
-            f"{way:<8} {frames[way]:>6} {m['fps']:>9.1f} {m['hevc_decode_ms']:>10.2f} "
-            f"{m['warp_ms']:>8.2f} {m['model_ms']:>9.2f} {m['cpu_ms_per_frame']:>13.1f}"
+            f"{way:<8} {cell(frames[way], '>6')} {cell(m['fps'], '>9.1f')} "
+            f"{cell(m['hevc_decode_ms'], '>10.2f')} {cell(m['warp_ms'], '>8.2f')} "
+            f"{cell(m['model_ms'], '>9.2f')} {cell(m['cpu_ms_per_frame'], '>13.1f')}"
         )
-    summary = {f"{way}_{k}": round(v, 3) for way, m in medians.items() for k, v in m.items()}
-    summary["service_over_plain"] = round(medians["service"]["fps"] / medians["plain"]["fps"], 3)
-    print(json.dumps(summary))
+    summary = {f"{way}_{k}": rounded(v, 3) for way, m in medians.items() for k, v in m.items()}
+    summary["service_over_plain"] = rounded(
+        ratio(medians["service"]["fps"], medians["plain"]["fps"]), 3
+    )
+    report.end(summary)
+
+
+def _replayed(segment: Path) -> dict[str, Any]:
+    return anyio.run(_service, segment)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

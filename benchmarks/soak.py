@@ -22,10 +22,11 @@ the latter for each cluster, under the kind that ended last, with how many excee
 1 s plus the mode-1 reset pause where the recovering boot needed one).
 
 Exit status 1 when unaccounted or hangs is not 0, RSS grew by more than 5 MB, or the file
-descriptors or threads grew at all between 10 % and 100 % of the run. Final JSON line with
-``frames``, ``unaccounted``, ``hangs``, ``rss_growth_mb``, ``fds_growth``, ``threads_growth``,
-and the rest. ``--frames``: 5 000 by default (the form ``make bench`` runs); the long form is
-``--frames 100000`` or more.
+descriptors or threads grew at all between 10 % and 100 % of the run — or when the soak itself
+failed (reported with the table and the JSON line all the same, see :mod:`benchmarks._report`).
+Final JSON line with ``frames``, ``unaccounted``, ``hangs``, ``rss_growth_mb``, ``fds_growth``,
+``threads_growth``, and the rest. ``--frames``: 5 000 by default (the form ``make bench`` runs);
+the long form is ``--frames 100000`` or more.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import numpy as np
 
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
+from benchmarks._report import Report
+from benchmarks._report import run as run_benchmark
 from benchmarks._soak import DEVICE_KINDS, SERVICE_KINDS, Latencies, Soak
 from pipelines.dms.accelerator_sim import simulated_device
 from pipelines.dms.config import ServiceConfig
@@ -268,12 +271,13 @@ def _watchdog(soak_progress: Callable[[], int], limit: float) -> None:
         if progress != seen:
             seen, since = progress, time.monotonic()
         elif time.monotonic() - since > limit:
-            print(f"soak: no progress for {limit:.0f} s of real time: hung", file=sys.stderr)
-            print(json.dumps({"frames": progress, "hangs": 1}))
+            why = f"no progress for {limit:.0f} s of real time: hung"
+            print(f"soak: {why}", file=sys.stderr)
+            print(json.dumps({"frames": progress, "hangs": 1, "failed": {"soak": why}}), flush=True)
             os._exit(1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(outcome: Report, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=5_000, help="frames (long form: 100000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the faults (default 1)")
@@ -291,13 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> SoakResult:
         return await run_soak(args.frames, args.seed, progress=progress)
 
-    summary = report(anyio.run(run))
+    result = outcome.attempt("soak", anyio.run, run)
+    if result is None:
+        outcome.end({"frames": progress[0], "hangs": None}, targets_met=False)
+        return 1
+    summary = report(result)
     problems = failures(summary)
     for problem in problems:
         print(f"FAILED: {problem}")
-    print(json.dumps(summary))
+    outcome.end(summary, targets_met=not problems)
     return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_benchmark(main)

@@ -17,7 +17,8 @@ Frames are whole NV12 buffers with the real strides, a few distinct ones in rota
 table (median and p99 ms per frame, ratio to the warper), then one JSON line with
 ``warp_crop_ms_p50``, ``warp_crop_ms_p99``, ``warp_1344_ms_p50``, ``warp_1344_ms_p99`` (and the
 same for ``cv2_`` and ``naive_``), the ratios, and ``targets_met``. Targets, per frame at p99:
-<= 1 ms for the crop camera, <= 3 ms for the 1344x760 camera.
+<= 1 ms for the crop camera, <= 3 ms for the 1344x760 camera. A run that fails is reported, see
+:mod:`benchmarks._report`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 
@@ -38,6 +38,7 @@ import cv2
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks._report import Report, cell, ratio, rounded, run
 from pipelines.dms.warp import (
     BORDER_VALUE,
     MODEL_INPUT_HEIGHT,
@@ -58,7 +59,10 @@ Frame = NDArray[np.uint8]
 Warp = Callable[[Frame, NDArray[np.uint8]], None]
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank ``q``-th percentile, None for no values."""
+    if not values:
+        return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
@@ -115,7 +119,7 @@ def time_frames(warp: Warp, frames: list[Frame], out: NDArray[np.uint8], count: 
     return samples
 
 
-def run(rounds: int, per_round: int, naive_per_round: int) -> dict[str, dict[str, float]]:
+def warps(rounds: int, per_round: int, naive_per_round: int) -> dict[str, dict[str, float | None]]:
     cv2.setNumThreads(1)
     setups = {}
     for camera, (width, height, stride, size) in CAMERAS.items():
@@ -125,7 +129,7 @@ def run(rounds: int, per_round: int, naive_per_round: int) -> dict[str, dict[str
         for name, warp in variants.items():  # warm up (the warper builds its plan here)
             warp(frames[0], outputs[name])
         if not np.array_equal(outputs["warper"], outputs["naive"]):
-            raise SystemExit(f"{camera}: the warper and the naive warp disagree")
+            raise RuntimeError(f"{camera}: the warper and the naive warp disagree")
         mismatch = int(np.count_nonzero(outputs["warper"] != outputs["cv2"]))
         setups[camera] = (frames, variants, outputs, mismatch)
 
@@ -137,10 +141,10 @@ def run(rounds: int, per_round: int, naive_per_round: int) -> dict[str, dict[str
                 samples.setdefault((camera, name), []).extend(
                     time_frames(warp, frames, outputs[name], count)
                 )
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float | None]] = {}
     for camera, (*_, mismatch) in setups.items():
         for name in VARIANTS:
-            values = samples[(camera, name)]
+            values = samples.get((camera, name), [])
             results[f"{camera}/{name}"] = {
                 "p50": percentile(values, 50),
                 "p99": percentile(values, 99),
@@ -150,13 +154,14 @@ def run(rounds: int, per_round: int, naive_per_round: int) -> dict[str, dict[str
     return results
 
 
-def main() -> None:
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=50)
     parser.add_argument("--naive-per-round", type=int, default=3)
     args = parser.parse_args()
-    results = run(args.rounds, args.per_round, args.naive_per_round)
+    results = report.attempt("the warps", warps, args.rounds, args.per_round, args.naive_per_round)
+    results = results or {}
 
     print(f"one thread (cv2.setNumThreads(1)); {FRAMES_IN_ROTATION} frames in rotation per camera")
     header = (
@@ -165,36 +170,41 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
-    summary: dict[str, float | int | bool] = {}
+    summary: dict[str, float | int | bool | None] = {}
     for camera, (width, height, _, _) in CAMERAS.items():
-        ours = results[f"{camera}/warper"]
+        ours = results.get(f"{camera}/warper", {})
         for name in VARIANTS:
-            r = results[f"{camera}/{name}"]
+            r = results.get(f"{camera}/{name}", {})
             print(
-                f"{f'{width}x{height}':<10} {name:<8} {r['p50']:>8.3f} {r['p99']:>8.3f} "
-                f"{r['p50'] / ours['p50']:>13.2f} {r['samples']:>8}"
+                f"{f'{width}x{height}':<10} {name:<8} {cell(r.get('p50'), '>8.3f')} "
+                f"{cell(r.get('p99'), '>8.3f')} {cell(ratio(r.get('p50'), ours.get('p50')), '>13.2f')} "
+                f"{cell(r.get('samples'), '>8')}"
             )
             prefix = "warp" if name == "warper" else name
-            summary[f"{prefix}_{camera}_ms_p50"] = round(r["p50"], 4)
-            summary[f"{prefix}_{camera}_ms_p99"] = round(r["p99"], 4)
+            summary[f"{prefix}_{camera}_ms_p50"] = rounded(r.get("p50"), 4)
+            summary[f"{prefix}_{camera}_ms_p99"] = rounded(r.get("p99"), 4)
         for name in ("cv2", "naive"):
-            ratio = ours["p50"] / results[f"{camera}/{name}"]["p50"]
-            summary[f"ratio_{camera}_vs_{name}"] = round(ratio, 3)
-        summary[f"cv2_{camera}_mismatch_px"] = int(ours["cv2_mismatch_px"])
+            other = results.get(f"{camera}/{name}", {}).get("p50")
+            summary[f"ratio_{camera}_vs_{name}"] = rounded(ratio(ours.get("p50"), other), 3)
+        mismatch = ours.get("cv2_mismatch_px")
+        summary[f"cv2_{camera}_mismatch_px"] = None if mismatch is None else int(mismatch)
         summary[f"target_{camera}_ms_p99"] = TARGETS_MS_P99[camera]
         print(
             f"{'':<10} {'target':<8} {'':>8} {TARGETS_MS_P99[camera]:>8.3f}   "
-            f"(cv2 differs from the warper on {int(ours['cv2_mismatch_px'])} pixels)"
+            f"(cv2 differs from the warper on {cell(mismatch, '')} pixels)"
         )
-    missed = [c for c, limit in TARGETS_MS_P99.items() if summary[f"warp_{c}_ms_p99"] > limit]
-    summary["targets_met"] = not missed
+    missed = [
+        c
+        for c, limit in TARGETS_MS_P99.items()
+        if (p99 := summary[f"warp_{c}_ms_p99"]) is None or p99 > limit
+    ]
     print(f"targets missed by the warper: {', '.join(missed) if missed else 'none'}")
     print(
         "ratios (warper / other, p50): "
-        + ", ".join(f"{k} = {v}" for k, v in summary.items() if k.startswith("ratio_"))
+        + ", ".join(f"{k} = {cell(v, '')}" for k, v in summary.items() if k.startswith("ratio_"))
     )
-    print(json.dumps(summary))
+    report.end(summary, targets_met=not missed)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -9,7 +9,9 @@ not handed back): its resident set growth, the messages accepted (queued for eve
 before sends failed), and so the cost per stalled subscriber and per queued message.
 
 Prints a table (medians over rounds), then one JSON line with ``message_bytes``,
-``accepted_per_subscriber``, ``mb_per_subscriber`` and ``bytes_per_queued_message``.
+``accepted_per_subscriber``, ``mb_per_subscriber`` and ``bytes_per_queued_message`` (and
+``failed``: the rounds that failed, each with the last line its process wrote; see
+:mod:`benchmarks._report`). ``--subscribers 1`` (comma-separated) measures fewer counts.
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ import time
 
 import numpy as np
 
-from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
+from benchmarks._report import Report, cell, median, ratio, rounded, run
+from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2, new_run_id
 from pipelines.dms.publish import ZmqSink
 from pipelines.dms.sinks_zmq import HIGH_WATER_MARK, TOPIC
 
 SUBSCRIBERS = (1, 2, 4, 8)
+BOUND = 60.0
+"""Seconds a round may wait for its subscribers to connect, or for their queues to fill."""
+ROUND_TIMEOUT = 180.0
+"""Seconds a round's process may take, at most."""
+RUN_ID = new_run_id()
 
 STALLED = textwrap.dedent(
     """
@@ -62,6 +70,7 @@ def realistic(seq: int) -> DriverStateV2:
 
     return DriverStateV2(
         seq=seq,
+        run_id=RUN_ID,
         frame_id=seq,
         timestamp_sof=1_700_000_000_000_000_000 + seq * 50_000_000,
         timestamp_eof=1_700_000_000_010_000_000 + seq * 50_000_000,
@@ -96,14 +105,22 @@ def one_round(subscribers: int) -> dict[str, float]:
         text=True,
     )
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "connected"
+        assert child.stdout is not None
+        said = child.stdout.readline().strip()
+        if said != "connected":
+            raise RuntimeError(f"the subscribers' process said {said!r}, not 'connected'")
+        deadline = time.monotonic() + BOUND
         while sink.subscribers < subscribers:  # every connection accepted (the gate counts)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sink.subscribers} of {subscribers} connected in {BOUND:g} s")
             time.sleep(0.01)
         time.sleep(0.5)  # and their subscriptions arrived
         start = sink.stats()
         before = resident()
         seq = 0
         while sink.stats().dropped - start.dropped < 1000:
+            if seq % 10_000 == 0 and time.monotonic() > deadline + BOUND:
+                raise TimeoutError(f"the queues were not full after {seq} messages")
             sink.publish(messages[seq % len(messages)])
             seq += 1
         grown = resident() - before
@@ -120,38 +137,43 @@ def one_round(subscribers: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--subscribers", default=",".join(map(str, SUBSCRIBERS)), help="stalled subscribers "
+        "per row, comma-separated (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_round(args.one)))
         return
+    counts = [int(n) for n in args.subscribers.split(",")]
     rows = []
-    for subscribers in SUBSCRIBERS:
-        rounds = [
-            json.loads(
-                subprocess.run(
-                    [sys.executable, "-m", "benchmarks.zmq_memory", "--one", str(subscribers)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=120,
-                ).stdout.splitlines()[-1]
+    for subscribers in counts:
+        rounds = []
+        for number in range(args.rounds):
+            result = report.child_json(
+                f"{subscribers} stalled, round {number + 1}",
+                [sys.executable, "-m", "benchmarks.zmq_memory", "--one", str(subscribers)],
+                timeout=ROUND_TIMEOUT,
             )
-            for _ in range(args.rounds)
-        ]
-        grown = statistics.median(r["grown_mb"] for r in rounds)
-        accepted = statistics.median(r["accepted"] for r in rounds)
+            if result is not None:
+                rounds.append(result)
+        grown = median(r["grown_mb"] for r in rounds)
+        accepted = median(r["accepted"] for r in rounds)
         rows.append(
             {
                 "subscribers": subscribers,
-                "message_bytes": rounds[0]["message_bytes"],
+                "message_bytes": rounds[0]["message_bytes"] if rounds else None,
                 "accepted": accepted,
                 "grown_mb": grown,
-                "mb_per_subscriber": grown / subscribers,
-                "bytes_per_queued_message": grown * 1e6 / (subscribers * accepted),
+                "mb_per_subscriber": ratio(grown, subscribers),
+                "bytes_per_queued_message": ratio(
+                    None if grown is None else grown * 1e6,
+                    None if accepted is None else subscribers * accepted,
+                ),
             }
         )
     print(f"ZmqSink defaults: high-water mark {HIGH_WATER_MARK} messages per subscriber")
@@ -160,25 +182,22 @@ def main() -> None:
     print("-" * len(header))
     for row in rows:
         print(
-            f"{row['subscribers']:>8} {row['message_bytes']:>7.0f} {row['accepted']:>7.0f} "
-            f"{row['grown_mb']:>8.2f} {row['mb_per_subscriber']:>7.2f} "
-            f"{row['bytes_per_queued_message']:>6.0f}"
+            f"{row['subscribers']:>8} {cell(row['message_bytes'], '>7.0f')} "
+            f"{cell(row['accepted'], '>7.0f')} {cell(row['grown_mb'], '>8.2f')} "
+            f"{cell(row['mb_per_subscriber'], '>7.2f')} "
+            f"{cell(row['bytes_per_queued_message'], '>6.0f')}"
         )
-    print(
-        json.dumps(
-            {
-                "message_bytes": round(rows[0]["message_bytes"]),
-                "accepted_per_subscriber": statistics.median(r["accepted"] for r in rows),
-                "mb_per_subscriber": round(
-                    statistics.median(r["mb_per_subscriber"] for r in rows), 3
-                ),
-                "bytes_per_queued_message": round(
-                    statistics.median(r["bytes_per_queued_message"] for r in rows)
-                ),
-            }
-        )
+    per_message = median(r["bytes_per_queued_message"] for r in rows)
+    sizes = median(r["message_bytes"] for r in rows)
+    report.end(
+        {
+            "message_bytes": None if sizes is None else round(sizes),
+            "accepted_per_subscriber": median(r["accepted"] for r in rows),
+            "mb_per_subscriber": rounded(median(r["mb_per_subscriber"] for r in rows)),
+            "bytes_per_queued_message": None if per_message is None else round(per_message),
+        }
     )
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,6 +1,7 @@
 """The ``aio-dms`` command.
 
-Signals are handled from the first line of :func:`main` (:mod:`pipelines.stopping`); every
+Signals are handled from the process's first line of ours (:mod:`pipelines.__main__`, which
+imports this module; :func:`main` installs them where it is called otherwise); every
 command ends with an exit code of :class:`~pipelines.exit_codes.ExitCode`; a bad option is one
 line on standard error (exit 2), never a traceback or a usage block. ``run``, ``replay``,
 ``record``, ``model-info`` and ``report`` need the ``dms`` extra (``pip install 'aio-dms[dms]'``);
@@ -17,6 +18,7 @@ import sys
 from typing import NoReturn
 
 from .dms.run_summary import RunFacts, format_record, record_before_start, write_summary_json
+from .echo import cut_words
 from .exit_codes import ExitCode, stopped_exit_code
 from .extras import DMS_EXTRA, FLEET_EXTRA
 from .stopping import Interrupted, Stopping
@@ -38,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
     """A bad option is one line: what was wrong, no usage block."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(ExitCode.REFUSED, f"{self.prog}: {message}\n")
+        self.exit(ExitCode.REFUSED, f"{self.prog}: {cut_words(message)}\n")
 
 
 def _missing_dms_dependency() -> str | None:
@@ -240,13 +242,19 @@ def _stopped_before_work(argv: list[str]) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
-    stopping = Stopping.install()
+def main(argv: list[str] | None = None, stopping: Stopping | None = None) -> int:
+    """Run the command ``argv`` says; its exit code. ``stopping``: the process's signal
+    handling, installed by the entry point (:mod:`pipelines.__main__`) before this module was
+    imported; installed here if not given (a caller in its own process, a test)."""
+    stopping = Stopping.install() if stopping is None else stopping
     argv = sys.argv[1:] if argv is None else argv
     try:
+        stopping.arm()  # a signal held while this module was imported: acted on here
         return _main(argv, stopping)
     except Interrupted:  # wherever it came from before the command's loop ran
         return _stopped_before_work(argv)
+    finally:
+        stopping.end()  # what is left is ending: a first signal changes nothing any more
 
 
 def _missing_fleet_dependency() -> str | None:
@@ -299,7 +307,7 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     if args.command == "demo":
         from .demo import main as demo_main
 
-        return demo_main()
+        return demo_main(stopping)
     if args.command == "model-info":
         return _model_info(args.model)
     if args.command == "record":
@@ -343,5 +351,7 @@ def _main(argv: list[str], stopping: Stopping) -> int:
     return run(args, stopping)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m pipelines.cli: the process's entry point, as aio-dms's
+    from pipelines.__main__ import main as entry
+
+    entry()

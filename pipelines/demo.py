@@ -14,7 +14,9 @@ Nothing is left allocated: the ledger is checked at the end. Takes about a secon
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -41,6 +43,9 @@ from aio_runtime import (
     use_ledger,
 )
 from aio_runtime.testing import Reply, ScriptedFirmware
+
+from .exit_codes import stopped_exit_code
+from .stopping import Stopping
 
 __all__ = ["DemoDevice", "Plan", "Session", "main", "run_demo"]
 
@@ -179,5 +184,22 @@ async def run_demo() -> int:
     return 0 if availability.state.availability is Availability.AVAILABLE else 1
 
 
-def main() -> int:
-    return anyio.run(run_demo)
+def main(stopping: Stopping | None = None) -> int:
+    """The demonstration's exit code; stopped by a signal (through ``stopping``, the command
+    line's), it ends at once: exit code 130."""
+    if stopping is None:
+        return anyio.run(run_demo)
+    return anyio.run(_stoppable, stopping)
+
+
+async def _stoppable(stopping: Stopping) -> int:
+    loop = asyncio.get_running_loop()  # the command line runs on asyncio
+    scope = anyio.CancelScope()
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(scope.cancel)
+
+    with stopping.calling(stop), scope:
+        return await run_demo()
+    print("aio-dms demo: stopped by a signal", file=sys.stderr)
+    return stopped_exit_code("demo")

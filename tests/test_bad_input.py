@@ -27,6 +27,12 @@ from pipelines.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 
+def arabic(digits: str) -> str:
+    """``digits`` in Arabic-Indic digits, which Python's ``int()`` and ``float()`` read as
+    numbers (``arabic("40")`` is U+0664 U+0660)."""
+    return digits.translate(str.maketrans("0123456789", "".join(map(chr, range(0x660, 0x66A)))))
+
+
 # Placeholders filled in per test: {missing} a path that does not exist, {dir} a directory,
 # {garbage} a file that is no model, no video and no recording, {log} an earlier run's log;
 # route segments that cannot be replayed (built when a test asks for one, see BAD_SEGMENT_DIRS).
@@ -36,20 +42,23 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
                  ["{segment_not_hevc}"]],
     "--model": [["{missing}"], ["{dir}"], ["{garbage}"]],
     "--device": [["gpu"], [""], ["CPU"]],
-    "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"]],
-    "--stale-after": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["0.01"]],  # < budget
-    "--min-rate": [["0"], ["-1"], ["nan"], ["inf"], ["1001"], ["abc"]],
-    "--realtime": [["0"], ["100"], ["-5"], ["x"], ["1.5"]],
-    "--recover-after": [["0"], ["-1"], ["1.5"], ["abc"]],
+    "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"],
+                 [arabic("0.05")], ["0.0_5"], [" 0.05"], ["0x1p-4"]],
+    "--stale-after": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["0.01"],  # < budget
+                      [arabic("0.1")]],
+    "--min-rate": [["0"], ["-1"], ["nan"], ["inf"], ["1001"], ["abc"], [arabic("16")]],
+    "--realtime": [["0"], ["100"], ["-5"], ["x"], ["1.5"], [arabic("5")]],
+    "--recover-after": [["0"], ["-1"], ["1.5"], ["abc"], [arabic("3")], ["1_0"]],
     "--unavailable-after": [["0"], ["-3"], ["2.5"], ["x"]],
     "--gpu-hang-after": [["0"], ["-0.1"], ["nan"], ["61"], ["x"]],
     "--backoff": [["5", "1"], ["0", "1"], ["nan", "1"], ["1", "inf"], ["-1", "2"], ["a", "b"],
-                  ["1"]],
-    "--calib": [["1,2"], ["a,b,c"], ["nan,0,0"], ["-0.1,0.05"], ["0,0,inf"], [""]],
+                  ["1"], ["1e308", "1e308"], ["0.1", "301"], ["301", "400"]],
+    "--calib": [["1,2"], ["a,b,c"], ["nan,0,0"], ["-0.1,0.05"], ["0,0,inf"], [""],
+                [arabic("0") + ",0,0"], ["0,0,1_0"]],
     "--calib-stale-after": [["nan"], ["0"], ["-1"], ["inf"], ["x"]],
     "--camera-stall-after": [["nan"], ["0"], ["-1"], ["inf"], ["x"]],
     "--health-host": [["0.0.0.0"], ["example.com"], [""], ["999.1.1.1"], ["::"]],
-    "--health-port": [["70000"], ["-5"], ["x"], ["1.5"], ["65536"]],
+    "--health-port": [["70000"], ["-5"], ["x"], ["1.5"], ["65536"], [arabic("9032")], ["9_032"]],
     "--zmq": [["garbage"], ["tcp://127.0.0.1:99999"], ["tcp://10.1.2.3:5000"],
               ["udp://127.0.0.1:5"], ["tcp://127.0.0.1"], ["tcp://:5"], [""]],
     "--jsonl": [["{missing}/out.jsonl"], ["{dir}"], [""], ["{garbage}"]],
@@ -65,11 +74,12 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--allow-remote": [["=yes"]],
     "--raw-predictions": [["=1"]],
     "--no-budget": [["=on"]],
-    "--frames": [["0"], ["-1"], ["x"], ["1.5"]],
+    "--frames": [["0"], ["-1"], ["x"], ["1.5"], [arabic("40")], ["1_000"], [" 40"]],
     "--duration": [["0"], ["-1"], ["nan"], ["inf"], ["x"]],
-    "--faults": [["gpu-melt@3"], ["gpu-hang"], ["gpu-hang@x"], ["gpu-hang@3+0"], ["@3"]],
-    "--threads": [["0"], ["-1"], ["257"], ["x"]],
-    "--model-cpus": [["1;2"], ["99999"], ["-1"], [""]],
+    "--faults": [["gpu-melt@3"], ["gpu-hang"], ["gpu-hang@x"], ["gpu-hang@3+0"], ["@3"],
+                 [arabic("gpu-hang@40")], ["gpu-hang@4+" + arabic("2")], ["gpu-hang@1_0"]],
+    "--threads": [["0"], ["-1"], ["257"], ["x"], [arabic("2")]],
+    "--model-cpus": [["1;2"], ["99999"], ["-1"], [""], [arabic("1")], [" 1"]],
     "--model-load-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
     "--device-open-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
     "--fence-timeout": [["0"], ["-1"], ["nan"], ["inf"]],
@@ -102,8 +112,8 @@ BAD_FIELDS: dict[str, list[object]] = {
     "recover_after": [0, -1, 1.5, True, "x"],
     "unavailable_after": [0, 2.5, False, None],
     "gpu_hang_after": [0.0, 61.0, float("nan"), None],
-    "backoff_initial": [0.0, float("inf"), -1.0, None],
-    "backoff_max": [0.0, float("nan"), None],
+    "backoff_initial": [0.0, float("inf"), -1.0, None, 301.0, 1e308],
+    "backoff_max": [0.0, float("nan"), None, 301.0, 1e308],
     "calib": [(0.0, 1.0), (float("nan"), 0.0, 0.0), "a,b,c", 5],
     "calib_stale_after": [0.0, float("nan"), -1.0, None],
     "camera_stall_after": [0.0, float("inf"), None],
@@ -242,6 +252,38 @@ def test_a_bad_option_is_one_line_and_exit_code_2(
     assert "Traceback" not in captured.err and not captured.out
 
 
+LONG = "x" * 100_000
+"""A value of 100 kB: refused by every option, and echoed cut short."""
+
+
+def _long_cases() -> list[tuple[str, str, list[str]]]:
+    cases = []
+    for command in COMMANDS:
+        for flag, action in _options(command).items():
+            if action.nargs == 0:
+                continue  # a switch: no value
+            count = action.nargs if isinstance(action.nargs, int) else 1
+            cases.append((command, flag, [f"={LONG}"] if action.nargs == "?" else [LONG] * count))
+    return cases
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("command", "flag", "values"), _long_cases(), ids=lambda v: "LONG" if isinstance(v, list) else v
+)
+def test_a_value_of_100_kb_is_echoed_cut_short_in_its_one_line(
+    command, flag, values, paths, capsys, monkeypatch
+):
+    monkeypatch.chdir(paths["dir"])
+    try:
+        code = main(_argv(command, flag, values, paths))
+    except SystemExit as exc:  # argparse's own refusals exit
+        code = exc.code
+    lines = capsys.readouterr().err.splitlines()
+    assert code == ExitCode.REFUSED and len(lines) == 1, lines
+    assert len(lines[0]) < 400, lines[0][:400]  # the value cut short, if echoed at all
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("segment", sorted(BAD_SEGMENT_DIRS))
 def test_a_route_segment_to_replay_that_cannot_be_is_one_line_and_exit_code_2(
@@ -318,7 +360,7 @@ def test_no_traceback_escapes_a_real_process(argv, paths):
 BAD_REPORT_OPTIONS: dict[str, list[list[str]]] = {
     "--output": [["{garbage}"], ["{garbage}/sub"]],
     "--budget": [["0"], ["-1"], ["nan"], ["inf"], ["11"], ["abc"], ["1e999"]],
-    "--run": [["0"], ["2"], ["-1"], ["x"], ["1.5"]],
+    "--run": [["0"], ["2"], ["-1"], ["x"], ["1.5"], [arabic("1")]],
 }  # fmt: skip
 
 

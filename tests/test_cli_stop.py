@@ -157,6 +157,45 @@ def test_another_signal_at_once_is_a_second_one(monkeypatch):
             stopping._handle(signal.SIGTERM, None)
 
 
+def test_a_signal_held_is_acted_on_once_armed_and_one_after_the_work_changes_nothing(monkeypatch):
+    """Held while what reports a stop imports (an import interrupted half-way is not safe to
+    redo), raised once armed; once the command's work has ended (its calling block, or
+    ``end()``), a first signal changes nothing — a second still exits 130."""
+    monkeypatch.setattr(os, "_exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    clock = [10.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    stopping = Stopping()
+    stopping.hold()
+    stopping._handle(signal.SIGTERM, None)  # held: nothing raised here
+    assert stopping.requested
+    with pytest.raises(Interrupted):
+        stopping.arm()
+    stopping = Stopping()
+    with stopping.calling(lambda: None):
+        pass
+    stopping._handle(signal.SIGINT, None)  # the work has ended
+    assert not stopping.requested and stopping.signals == 1
+    clock[0] += 2 * ECHO
+    with pytest.raises(_Exited) as exited:
+        stopping._handle(signal.SIGINT, None)
+    assert exited.value.args == (ExitCode.INTERRUPTED,)
+    stopping = Stopping()
+    stopping.end()
+    stopping._handle(signal.SIGTERM, None)
+    assert not stopping.requested
+
+
+def test_a_stop_raised_where_nothing_could_take_it_is_made_as_the_work_begins():
+    """An ``Interrupted`` raised in a finaliser is dropped by the interpreter: the stop is still
+    to be made, and the command's calling block makes it as it begins."""
+    stopping = Stopping()
+    with pytest.raises(Interrupted):
+        stopping._handle(signal.SIGTERM, None)  # suppose it was dropped
+    stopped: list[str] = []
+    with stopping.calling(lambda: stopped.append("stop")):
+        assert stopped == ["stop"]
+
+
 def _frames(stop_after: int):
     """Frames stamped now; after ``stop_after`` of them, a SIGINT to this process."""
     y, uv = np.full((760, 1344), 90, np.uint8), np.full((380, 1344), 128, np.uint8)

@@ -24,6 +24,12 @@ from pipelines.dms.faults import FaultSpec
 from pipelines.dms.run import add_arguments, config_from
 
 
+def arabic(digits: str) -> str:
+    """``digits`` in Arabic-Indic digits, which Python's ``int()`` and ``float()`` read as
+    numbers (``arabic("40")`` is U+0664 U+0660)."""
+    return digits.translate(str.maketrans("0123456789", "".join(map(chr, range(0x660, 0x66A)))))
+
+
 def parser(command: str = "run") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"aio-dms {command}")
     add_arguments(parser, command)
@@ -147,3 +153,109 @@ def test_options_given_on_the_command_line_reach_their_settings():
     for item in dataclasses.fields(ServiceConfig):
         if item.name not in untouched:
             assert getattr(config, item.name) == getattr(defaults, item.name), item.name
+
+
+def test_the_backoff_is_bounded_by_a_few_minutes_first_delay_and_cap_alike():
+    assert config_values.BACKOFF_LIMIT == 300
+    top = ServiceConfig(backoff_initial=300, backoff_max=300)
+    assert (top.backoff_initial, top.backoff_max) == (300, 300)
+    for given in ({"backoff_initial": 1e308, "backoff_max": 1e308}, {"backoff_max": 301.0}):
+        with pytest.raises(ValueError, match=r"must be in \(0, 300\] seconds, got") as refused:
+            ServiceConfig(**given)
+        assert "\n" not in str(refused.value)
+    args = parser().parse_args(["--backoff", "1e308", "1e308"])
+    with pytest.raises(ValueError, match="backoff_initial must be in"):
+        config_from(args)
+    assert "at most 300" in " ".join(parser().format_help().split())
+
+
+NOT_WHOLE = [arabic("40"), arabic("0"), "1" + arabic("2"), "1_000", " 40", "40 ", "40\n", "+",
+             "-", "", "4.0", "0x10"]  # fmt: skip
+NOT_NUMBERS = ["nan", "NaN", "inf", "-inf", "Infinity", "1_000.5", " 0.5", "0.5 ", "0.5\n",
+               arabic("0.5"), "0." + arabic("5"), "0x1p-4", "", ".", "e5", "1e", "1e+", "--1",
+               "\N{VULGAR FRACTION ONE HALF}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", NOT_WHOLE)
+def test_a_whole_number_is_ascii_digits_with_an_optional_sign_only(text):
+    with pytest.raises(ValueError, match="expected a whole number"):
+        config_values.integer(text)
+    with pytest.raises(ValueError):
+        config_values.port(text)
+
+
+@pytest.mark.parametrize(("text", "value"), [("40", 40), ("-1", -1), ("+3", 3), ("007", 7)])
+def test_whole_numbers_in_ascii_digits_are_read(text, value):
+    assert config_values.integer(text) == value
+
+
+@pytest.mark.parametrize("text", NOT_NUMBERS)
+def test_a_number_is_a_decimal_one_in_ascii_digits_only(text):
+    with pytest.raises(ValueError, match="expected a number"):
+        config_values.number(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("0.05", 0.05), (".5", 0.5), ("5.", 5.0), ("-1", -1.0), ("5e-2", 0.05), ("1E3", 1000.0),
+     ("+2", 2.0)],
+)  # fmt: skip
+def test_decimal_numbers_in_ascii_digits_are_read(text, value):
+    assert config_values.number(text) == value
+
+
+@pytest.mark.parametrize(
+    ("settings_", "complaint"),
+    [
+        ({"faults": arabic("gpu-hang@40")}, "FRAME, FRAMES: at most 18 ASCII digits"),
+        ({"faults": "gpu-hang@40+" + arabic("2")}, "ASCII digits"),
+        ({"faults": "gpu-hang@4_0"}, "ASCII digits"),
+        ({"faults": "gpu-hang@" + "9" * 19}, "at most 18"),
+        ({"calib": arabic("0") + ",0,0"}, "expected R,P,Y"),
+        ({"calib": "0, 0, 0"}, "expected R,P,Y"),
+        ({"calib": "nan,0,0"}, "expected R,P,Y"),
+        ({"model_cpus": arabic("1")}, "CPU numbers"),
+        ({"model_cpus": " 1"}, "CPU numbers"),
+        ({"model_cpus": "1,"}, "CPU numbers"),
+        ({"health_port": arabic("9032")}, "expected a whole number"),
+        ({"frames": "1_000"}, "expected a whole number"),
+        ({"budget": "0.0_5"}, "expected a number"),
+        ({"duration": "inf"}, "expected a number"),
+        ({"frames": "9" * 5000}, "at most 4300 digits"),
+    ],
+)
+def test_every_text_form_reads_ascii_digits_only(settings_, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        ServiceConfig(**settings_)
+
+
+def test_ascii_text_forms_still_read_as_before():
+    config = ServiceConfig(
+        faults="gpu-hang@40+20, camera-stall@100", calib="-0.1,0.05,0", model_cpus="0,1",
+        health_port="9032", frames="40", budget="5e-2",
+    )  # fmt: skip
+    assert config.faults == (FaultSpec("gpu-hang", 40, 20), FaultSpec("camera-stall", 100))
+    assert config.calib == (-0.1, 0.05, 0.0) and config.model_cpus == (0, 1)
+    assert (config.health_port, config.frames, config.budget) == (9032, 40, 0.05)
+
+
+def test_an_echoed_value_is_cut_to_a_short_prefix_with_its_length():
+    assert config_values.shown("gpu-melt@3") == "'gpu-melt@3'"
+    long = "x" * 100_000
+    assert config_values.shown(long) == "'" + "x" * 59 + "… (100000 characters)"
+    assert len(config_values.shown(list(range(100)))) < 100
+
+
+@pytest.mark.parametrize("name", [item.name for item, _ in settings()])
+@pytest.mark.parametrize("long", ["x" * 100_000, ["x" * 100_000]], ids=["text", "list"])
+def test_every_setting_echoes_a_100_kb_value_cut_short(name, long):
+    """Every setting's refusal is made in one place, which cuts what it echoes: given 100 kB (as
+    text, or in a list), a setting refuses it in one short line, or takes it (a path, checked
+    against the machine later)."""
+    try:
+        ServiceConfig(**{name: long})
+    except ValueError as exc:
+        message = str(exc)
+        assert "\n" not in message and len(message) < 300, message[:300]
+    else:
+        assert isinstance(long, str)

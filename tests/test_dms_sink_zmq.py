@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import select
+import socket as sockets
 import subprocess
 import sys
 import textwrap
+import time
 
 import anyio
 import pytest
@@ -17,6 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from pipelines.dms.config import Mode
 from pipelines.dms.publish import TOPIC, AddressInUse, ZmqSink, check_zmq_address
+from pipelines.dms.sinks_zmq import MAX_SUBSCRIBERS
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -252,6 +255,182 @@ def test_a_subscriber_past_the_cap_is_refused_and_the_others_are_served(subscrib
         second.disable_monitor()
         monitor.close(linger=0)
     finally:
+        sink.close(timeout=0)
+
+
+BOUND = 30.0
+"""Seconds within which every subscriber of a test has been served or refused (an outer bound:
+the tests wait for events, never for time to pass)."""
+
+
+class _Subscribers:
+    """SUB sockets connecting to ``address`` all at once, each with a monitor that says whether
+    it was refused (HANDSHAKE_FAILED_AUTH, 400)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.context = zmq.Context()
+        self.sockets: list[zmq.Socket] = []
+        self.monitors: dict[zmq.Socket, zmq.Socket] = {}
+
+    def connect(self, count: int) -> list[zmq.Socket]:
+        added = []
+        for _ in range(count):
+            socket = self.context.socket(zmq.SUB)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.SUBSCRIBE, TOPIC)
+            self.monitors[socket] = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            added.append(socket)
+        for socket in added:  # the burst: every connect before any handshake is answered
+            socket.connect(self.address)
+        self.sockets += added
+        return added
+
+    def outcome(self, sink: ZmqSink, sockets: list[zmq.Socket]) -> tuple[set, set]:
+        """Probe until each of ``sockets`` has received a message (served) or been refused;
+        (served, refused), both sets of sockets."""
+        served: set[zmq.Socket] = set()
+        refused: set[zmq.Socket] = set()
+        poller = zmq.Poller()
+        for socket in sockets:
+            poller.register(socket, zmq.POLLIN)
+            poller.register(self.monitors[socket], zmq.POLLIN)
+        by_monitor = {self.monitors[socket]: socket for socket in sockets}
+        deadline = time.monotonic() + BOUND
+        probe = PROBE
+        while len(served) + len(refused) < len(sockets):
+            assert time.monotonic() < deadline, f"{len(served)} served, {len(refused)} refused"
+            sink.publish(message(probe))
+            probe += 1
+            for ready, _ in poller.poll(10):
+                if ready in by_monitor:
+                    event = recv_monitor_message(ready)
+                    assert event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    assert event["value"] == 400
+                    refused.add(by_monitor[ready])
+                    poller.unregister(ready)
+                else:
+                    ready.recv_multipart()
+                    served.add(ready)
+                    poller.unregister(ready)
+        assert not served & refused
+        return served, refused
+
+    def close(self, socket: zmq.Socket) -> None:
+        socket.disable_monitor()
+        self.monitors.pop(socket).close(linger=0)
+        socket.close(linger=0)
+        self.sockets.remove(socket)
+
+    def close_all(self) -> None:
+        for socket in list(self.sockets):
+            self.close(socket)
+        self.context.destroy(linger=0)
+
+
+def until(condition, sink: ZmqSink) -> None:
+    """Wait (bounded) for ``condition()`` about the sink's connections, which its gate's thread
+    counts: probing on, each probe a chance for that thread to run."""
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline
+        sink.publish(message(PROBE))
+        zmq.Poller().poll(1)
+
+
+@pytest.fixture
+def burst():
+    """``burst(sink)``: subscribers for ``sink``, closed after the test."""
+    made: list[_Subscribers] = []
+
+    def make(sink: ZmqSink) -> _Subscribers:
+        made.append(_Subscribers(sink.address))
+        return made[-1]
+
+    yield make
+    for subscribers in made:
+        subscribers.close_all()
+
+
+@pytest.mark.parametrize("count", [9, 21])
+def test_a_burst_of_subscribers_has_the_first_eight_served_and_the_rest_refused_counted(
+    count, burst
+):
+    """However the connections' events and their handshakes interleave, exactly the cap is
+    served, each of the others is told (400 in its handshake) and counted."""
+    sink = ZmqSink("tcp://127.0.0.1:0")
+    try:
+        subscribers = burst(sink)
+        served, refused = subscribers.outcome(sink, subscribers.connect(count))
+        assert len(served) == MAX_SUBSCRIBERS == 8
+        assert len(refused) == count - MAX_SUBSCRIBERS == sink.refused
+        until(lambda: sink.subscribers == MAX_SUBSCRIBERS, sink)  # the refused have gone
+        assert sink.refused == count - MAX_SUBSCRIBERS
+    finally:
+        sink.close(timeout=0)
+
+
+def test_a_subscriber_that_leaves_frees_its_place_for_a_later_one(burst):
+    sink = ZmqSink("tcp://127.0.0.1:0")
+    try:
+        subscribers = burst(sink)
+        served, refused = subscribers.outcome(sink, subscribers.connect(MAX_SUBSCRIBERS + 1))
+        assert (len(served), len(refused)) == (MAX_SUBSCRIBERS, 1)
+        until(lambda: sink.subscribers == MAX_SUBSCRIBERS, sink)
+        subscribers.close(served.pop())
+        until(lambda: sink.subscribers == MAX_SUBSCRIBERS - 1, sink)
+        newcomer = subscribers.connect(1)
+        assert subscribers.outcome(sink, newcomer) == (set(newcomer), set())
+        later, refused_later = subscribers.outcome(sink, subscribers.connect(1))
+        assert not later and len(refused_later) == 1 and sink.refused == 2
+    finally:
+        sink.close(timeout=0)
+
+
+def _greeting_only(address: str) -> sockets.socket:
+    """A TCP peer that sends ZMTP 3.0's greeting for the NULL mechanism and waits (bounded) for
+    the publisher's READY: admitted, its handshake not finished (it never sends its own READY)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    peer = sockets.create_connection((host, int(port)), timeout=BOUND)
+    signature, version, mechanism = b"\xff" + bytes(8) + b"\x7f", b"\x03\x00", b"NULL".ljust(20, b"\0")
+    peer.sendall(signature + version + mechanism + bytes(32))  # as-server 0, then the filler
+    received = b""
+    while b"READY" not in received:
+        chunk = peer.recv(4096)
+        assert chunk and b"ERROR" not in chunk, received + chunk
+        received += chunk
+    return peer
+
+
+def test_a_subscriber_whose_handshake_fails_after_admission_frees_its_place(burst):
+    sink = ZmqSink("tcp://127.0.0.1:0", max_subscribers=2)
+    try:
+        for _ in range(3):  # each admitted, then gone mid-handshake
+            _greeting_only(sink.address).close()
+            until(lambda: sink.subscribers == 0, sink)
+        subscribers = burst(sink)
+        served, refused = subscribers.outcome(sink, subscribers.connect(3))
+        assert (len(served), len(refused)) == (2, 1)
+    finally:
+        sink.close(timeout=0)
+
+
+def test_a_connection_still_in_its_handshake_takes_no_place(burst):
+    """A peer that connects and says nothing has not asked to subscribe: a burst beside it is
+    served in full."""
+    sink = ZmqSink("tcp://127.0.0.1:0")
+    host, port = sink.address.removeprefix("tcp://").rsplit(":", 1)
+    silent = sockets.create_connection((host, int(port)), timeout=BOUND)
+    try:
+        until(lambda: sink.subscribers == 1, sink)
+        subscribers = burst(sink)
+        served, refused = subscribers.outcome(sink, subscribers.connect(MAX_SUBSCRIBERS))
+        assert (len(served), len(refused)) == (MAX_SUBSCRIBERS, 0)
+        silent.close()
+        until(lambda: sink.subscribers == MAX_SUBSCRIBERS, sink)
+        assert subscribers.outcome(sink, subscribers.connect(1))[1]  # still full
+    finally:
+        silent.close()
         sink.close(timeout=0)
 
 

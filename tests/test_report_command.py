@@ -96,7 +96,7 @@ def test_the_budget_option_is_the_line_drawn_and_the_budget_counted(run_file, tm
         ("good", ["{run}", "-o", "{run}"], "exists and is not a directory"),
         ("good", ["{run}", "-o", "{run}/sub"], "cannot be made"),
         ("good", ["{run}", "-o", "{out}", "--budget", "0"], "budget must be in"),
-        ("good", ["{run}", "-o", "{out}", "--budget", "nan"], "budget must be in"),
+        ("good", ["{run}", "-o", "{out}", "--budget", "nan"], "expected a number"),
         ("good", ["{run}", "-o", "{out}", "--budget", "-1"], "budget must be in"),
         ("good", ["{run}", "-o", "{out}", "--budget", "x"], "expected a number"),
         ("good", ["{run}", "-o", "{out}", "--run", "2"], "holds one run"),

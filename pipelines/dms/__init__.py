@@ -14,8 +14,8 @@ deadlines, with an honest availability state. Modules:
 - ``accelerator``: the model on the simulated accelerator (through ``transports``);
 - ``decode``: outputs to the driverStateV2 fields, validated;
 - ``messages``, ``publish`` (with ``sinks_policy``, ``sinks_memory``, ``sinks_file``,
-  ``sinks_jsonl``, ``sinks_rlog``, ``sinks_zmq``, ``sinks_cereal``): the published message and
-  its sinks, each with its policy per mode;
+  ``sinks_jsonl``, ``sinks_rlog``, ``sinks_zmq`` and its ``sinks_zmq_gate``, ``sinks_cereal``):
+  the published message and its sinks, each with its policy per mode;
 - ``channels``: the slots between stages (latest-frame-wins live, hand-off replaying) and the
   frame accounting rule;
 - ``endpoints``: health and metrics over HTTP;

@@ -129,14 +129,17 @@ class ServiceConfig:
     )
     backoff_initial: float = setting(
         0.1,
-        "accelerator restart backoff: the first delay, doubling up to the cap, seconds",
+        "accelerator restart backoff: the first delay, doubling up to the cap, seconds; each at "
+        f"most {values.BACKOFF_LIMIT:g}, as the service retries at the cap: a longer one would "
+        "keep it unavailable long after its device is back",
         parse=values.number,
-        check=values.positive,
+        check=values.within(0, values.BACKOFF_LIMIT),
         flag="--backoff",
         metavar=("FIRST", "MAX"),
         together=("backoff_initial", "backoff_max"),
     )
-    backoff_max: float = setting(5.0, "", parse=values.number, check=values.positive, flag="")
+    backoff_max: float = setting(
+        5.0, "", parse=values.number, check=values.within(0, values.BACKOFF_LIMIT), flag="")  # fmt: skip
     calib: Calibration | None = setting(
         None,
         "a static calibration (roll, pitch, yaw)",

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config_values import readable_file
+from .config_values import Unexpected, readable_file
 
 __all__ = [
     "CAMERA_PATHS",
@@ -75,7 +75,11 @@ class CameraFile:
         """The path can be read as a camera: a file that can be read, or a directory with a
         segment's video and log (only looked at: nothing is read). :class:`ValueError` saying
         what was expected."""
-        if self.path.is_dir():
+        try:
+            directory = self.path.is_dir()
+        except OSError:
+            directory = False  # not one the machine can look at: the file check says why
+        if directory:
             from .openpilot.segment_log import segment_files
 
             segment_files(self.path)
@@ -95,5 +99,5 @@ def parse_camera(text: str) -> CameraSpec:
     """``synthetic``, or the path of a video file, a recording or a route segment directory
     (a segment directory's name ends in ``--<segment number>``; that is not required)."""
     if not text:
-        raise ValueError(f"camera: expected 'synthetic', {CAMERA_PATHS}, got ''")
+        raise Unexpected(f"expected 'synthetic', {CAMERA_PATHS}", text)
     return Synthetic() if text == "synthetic" else CameraFile(Path(text))

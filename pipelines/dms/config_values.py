@@ -1,34 +1,54 @@
-"""How a setting of the service is declared (:class:`Setting`, :func:`setting`), and the text
-forms and checks the settings use (:mod:`pipelines.dms.config` declares which setting uses which).
+"""How a setting of the service is declared (:class:`Setting`, :func:`setting`), and the checks
+the settings use, with their text forms (:mod:`pipelines.dms.config_text`, re-exported here);
+:mod:`pipelines.dms.config` declares which setting uses which.
 
-A text form turns what a user typed into a value, or raises :class:`ValueError` saying what was
-expected. A check says what is wrong with a value (None: nothing) as ``"must be ..."``; it is pure.
-The file checks (:func:`readable_file`, :func:`writable_file`) ask the machine, and are for
-:meth:`~pipelines.dms.config.ServiceConfig.check_environment` only.
+A check says what is wrong with a value (None: nothing) as ``"must be ..."``; it is pure. The
+file checks (:func:`readable_file`, :func:`writable_file`) ask the machine, and are for
+:meth:`~pipelines.dms.config.ServiceConfig.check_environment` only. Every setting's refusal is
+made in :meth:`Setting.accept`, the value refused echoed through :func:`shown`, cut to its first
+:data:`ECHO_LIMIT` characters: a 100 kB value is not written back whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import ipaddress
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
-
+from ..echo import ECHO_LIMIT, shown, shown_path
+from .config_text import (  # the text forms, re-exported
+    Calibration,
+    ModelCpus,
+    Unexpected,
+    calibration,
+    check_calibration,
+    choice,
+    integer,
+    log_path,
+    model_cpus,
+    new_file_path,
+    number,
+    one_of,
+    port,
+)
 from .openpilot.logs import compression_of
 
 E = TypeVar("E", bound=enum.StrEnum)
 
 __all__ = [
+    "BACKOFF_LIMIT",
     "Calibration",
+    "ECHO_LIMIT",
     "ModelCpus",
     "Setting",
+    "Unexpected",
     "at_least_one",
     "calibration",
     "check_calibration",
@@ -57,6 +77,7 @@ __all__ = [
     "setting",
     "readable_file",
     "run_id_value",
+    "shown",
     "text_value",
     "threads_value",
     "within",
@@ -64,81 +85,15 @@ __all__ = [
     "zmq_value",
 ]
 
-Calibration = tuple[float, float, float]
-"""(roll, pitch, yaw), radians."""
 
-
-def check_calibration(values: Any) -> Calibration:
-    """Three finite numbers (roll, pitch, yaw), or :class:`ValueError` saying so."""
-    try:
-        flat = np.asarray(values, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        flat = np.zeros(0)
-    if flat.size != 3 or not np.isfinite(flat).all():
-        raise ValueError(f"calibration must be 3 finite numbers (roll, pitch, yaw), got {values!r}")
-    return float(flat[0]), float(flat[1]), float(flat[2])
-
-
-def calibration(text: str) -> Calibration:
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) != 3:
-        raise ValueError(f"calib {text!r}: expected R,P,Y (three numbers)")
-    return check_calibration(values)
-
-
-ModelCpus = tuple[int, ...] | Literal["auto"] | None
-
-
-def model_cpus(text: str) -> ModelCpus:
-    if text in ("auto", "none"):
-        return None if text == "none" else "auto"
-    try:
-        return tuple(int(cpu) for cpu in text.split(","))
-    except ValueError:
-        raise ValueError(f"model_cpus: expected auto, none or CPU numbers, got {text!r}") from None
-
-
-def choice(kind: type[E]) -> Callable[[str], E]:
-    """The text form of an enum of strings: one of its values."""
-
-    def parse(text: str) -> E:
-        try:
-            return kind(text)
-        except ValueError:
-            raise ValueError(f"{_one_of(kind)}, got {text!r}") from None
-
-    return parse
+BACKOFF_LIMIT = 300.0
+"""The longest backoff delay, first or cap (seconds): at the cap, a device that is back is tried
+again within five minutes, and the service is never unavailable much longer than its hardware."""
 
 
 def member(kind: type[E]) -> Callable[[Any], str | None]:
     """The check of a value that must be one of the enum's members (or their values)."""
-    return lambda value: None if value in tuple(kind) else _one_of(kind)
-
-
-def _one_of(kind: type[enum.Enum]) -> str:
-    return "must be " + " or ".join(repr(item.value) for item in kind)
-
-
-def integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number, got {text!r}") from None
-
-
-def number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
-
-
-def port(text: str) -> int | None:
-    port = integer(text)
-    return None if port == -1 else port  # the command line's "none"
+    return lambda value: None if value in tuple(kind) else one_of(kind)
 
 
 def port_number(value: Any) -> str | None:
@@ -182,32 +137,29 @@ def check_zmq_address(address: str, *, allow_remote: bool = False) -> str:
     """``address`` if a ZeroMQ socket can bind it — ``tcp://HOST:PORT`` (PORT 0 to 65535, 0 or
     ``*``: any free port), ``ipc://PATH`` or ``inproc://NAME`` — on loopback unless
     ``allow_remote``; else :class:`ValueError` saying why."""
+    said = f"zmq address {shown(address)}"
     scheme, sep, rest = address.partition("://")
     if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
-        raise ValueError(
-            f"zmq address {address!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
-        )
+        raise ValueError(f"{said}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
     if scheme == "ipc" and len(rest.encode()) > _IPC_PATH_MAX:
-        raise ValueError(f"zmq address {address!r}: an ipc path is at most {_IPC_PATH_MAX} bytes")
+        raise ValueError(f"{said}: an ipc path is at most {_IPC_PATH_MAX} bytes")
     if scheme != "tcp":
         return address  # local by nature
     host, colon, port = rest.rpartition(":")
     if not colon or not host:
-        raise ValueError(f"zmq address {address!r}: expected tcp://HOST:PORT")
-    if port != "*" and not (port.isascii() and port.isdigit() and int(port) <= 65535):
-        raise ValueError(
-            f"zmq address {address!r}: port {port!r} is not 0-65535 (0 or *: any free port)"
-        )
+        raise ValueError(f"{said}: expected tcp://HOST:PORT")
+    digits = port.isascii() and port.isdigit() and len(port.lstrip("0")) <= 5
+    if port != "*" and not (digits and int(port) <= 65535):
+        raise ValueError(f"{said}: port {shown(port)} is not 0-65535 (0 or *: any free port)")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         ipaddress.ip_address(host)
     except ValueError:
         if host != "*" and not _HOSTNAME.fullmatch(host):
-            raise ValueError(f"zmq address {address!r}: {host!r} is not a host") from None
+            raise ValueError(f"{said}: {shown(host)} is not a host") from None
     if not allow_remote and not is_loopback(host):
         raise ValueError(
-            f"zmq address {address!r} is not a loopback address: refused unless allow_remote "
-            "(--allow-remote) is set"
+            f"{said} is not a loopback address: refused unless allow_remote (--allow-remote) is set"
         )
     return address
 
@@ -263,20 +215,6 @@ def text_value(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a path (or -)"
 
 
-def new_file_path(text: str, what: str = "file") -> Path:
-    """The text form of a new file's path (standard output is not one)."""
-    if not text or text == "-":
-        raise ValueError(f"expected the path of a new {what}, got {text!r}")
-    return Path(text)
-
-
-def log_path(text: str) -> Path:
-    """The text form of an openpilot log's path: a new file's, named as openpilot's reader takes
-    a log."""
-    compression_of(new_file_path(text, "log file"))
-    return Path(text)
-
-
 def file_path_value(value: Any, what: str = "file") -> str | None:
     ok = isinstance(value, Path) and bool(value.name) and str(value) != "-"
     return None if ok else f"must be the path of a {what}"
@@ -316,30 +254,43 @@ def model_cpus_value(value: Any) -> str | None:
 
 
 def readable_file(what: str, path: Path, expected: str) -> None:
-    if not path.is_file():
-        found = "no such file" if not path.exists() else "not a regular file"
-        found = "a directory" if path.is_dir() else found
-        raise ValueError(f"{what} {str(path)!r}: {found} ({expected})")
-    if not os.access(path, os.R_OK):
-        raise ValueError(f"{what} {str(path)!r}: cannot be read (permission denied)")
+    with _asking(what, path):
+        if not path.is_file():
+            found = "no such file" if not path.exists() else "not a regular file"
+            found = "a directory" if path.is_dir() else found
+            raise ValueError(f"{what} {shown_path(path)}: {found} ({expected})")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{what} {shown_path(path)}: cannot be read (permission denied)")
 
 
 def new_file(what: str, path: Path) -> None:
     """``path`` can be created (:func:`writable_file`) and nothing is there yet."""
     writable_file(what, path)
-    if os.path.lexists(path):
-        raise ValueError(f"{what} {str(path)!r} exists: it is written to a new file")
+    with _asking(what, path):
+        if os.path.lexists(path):
+            raise ValueError(f"{what} {shown_path(path)} exists: it is written to a new file")
 
 
 def writable_file(what: str, path: Path) -> None:
-    directory = path.parent
-    if path.is_dir():
-        raise ValueError(f"{what} {str(path)!r} is a directory (expected a file to write)")
-    if not directory.is_dir():
-        raise ValueError(f"{what} {str(path)!r}: no such directory {str(directory)!r}")
-    target = path if path.exists() else directory
-    if not os.access(target, os.W_OK):
-        raise ValueError(f"{what} {str(path)!r}: cannot be written (permission denied)")
+    directory, said = path.parent, f"{what} {shown_path(path)}"
+    with _asking(what, path):
+        if path.is_dir():
+            raise ValueError(f"{said} is a directory (expected a file to write)")
+        if not directory.is_dir():
+            raise ValueError(f"{said}: no such directory {shown_path(directory)}")
+        target = path if path.exists() else directory
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{said}: cannot be written (permission denied)")
+
+
+@contextlib.contextmanager
+def _asking(what: str, path: Path) -> Iterator[None]:
+    """The machine refusing even to look at ``path`` (a name too long, say) is the file check's
+    refusal too, in one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise ValueError(f"{what} {shown_path(path)}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)
@@ -368,7 +319,9 @@ class Setting:
 
     def accept(self, name: str, value: Any) -> Any:
         """``value`` for the setting ``name``: parsed if given as text, then checked;
-        :class:`ValueError` saying what was expected."""
+        :class:`ValueError` saying what was expected — every setting's refusal is made here,
+        the value refused echoed through :func:`shown` (a text form's :class:`Unexpected`
+        echoes what it could not read so)."""
         if isinstance(value, os.PathLike):
             value = os.fspath(value)
         if self.parse is not None and isinstance(value, str):
@@ -381,7 +334,7 @@ class Setting:
                 raise ValueError(said) from None
         problem = None if self.check is None else self.check(value)
         if problem is not None:
-            raise ValueError(f"{name} {problem}, got {value!r}")
+            raise ValueError(f"{name} {problem}, got {shown(value)}")
         return value
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from transports.sim import Fault
 
+from .config_values import Unexpected, shown
+
 __all__ = [
     "DEVICE_FAULTS",
     "FAULT_NAMES",
@@ -54,7 +56,10 @@ class ServiceFault(enum.StrEnum):
 SERVICE_FAULTS = {fault.value: fault for fault in ServiceFault}
 FAULT_NAMES = (*DEVICE_FAULTS, *(fault.value for fault in ServiceFault))
 
-_ITEM = re.compile(r"^(?P<name>[a-z-]+)@(?P<start>\d+)(?:\+(?P<frames>\d+))?$")
+_ITEM = re.compile(r"(?P<name>[a-z-]+)@(?P<start>[0-9]+)(?:\+(?P<frames>[0-9]+))?")
+"""One item; frame numbers in ASCII digits only (``\\d`` and ``int()`` take other scripts')."""
+_FRAME_DIGITS = 18
+"""Digits of a frame number at most (a frame number past 10**18 is no frame of a run)."""
 
 
 @dataclass(frozen=True)
@@ -83,21 +88,24 @@ def faults_value(value: object) -> str | None:
 
 
 def parse_faults(spec: str) -> list[FaultSpec]:
-    """Parse ``NAME@FRAME[+FRAMES],...``; a clear :class:`ValueError` for anything else."""
+    """Parse ``NAME@FRAME[+FRAMES],...`` (spaces around an item ignored; frame numbers in ASCII
+    digits); a :class:`ValueError` for anything else, in one line naming the item at fault."""
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        match = _ITEM.match(item)
-        if match is None:
-            raise ValueError(
-                f"fault {item!r}: expected NAME@FRAME or NAME@FRAME+FRAMES, e.g. gpu-hang@40+20"
+        match = _ITEM.fullmatch(item)
+        if match is None or any(len(n or "") > _FRAME_DIGITS for n in match.group(2, 3)):
+            raise Unexpected(
+                "expected NAME@FRAME or NAME@FRAME+FRAMES (FRAME, FRAMES: at most "
+                f"{_FRAME_DIGITS} ASCII digits), e.g. gpu-hang@40+20",
+                item,
             )
         name = match["name"]
         if name not in FAULT_NAMES:
             raise ValueError(
-                f"fault {item!r}: unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}"
+                f"fault {shown(item)}: unknown fault {shown(name)}; known: {', '.join(FAULT_NAMES)}"
             )
         frames = int(match["frames"]) if match["frames"] is not None else 1
         if frames < 1:
-            raise ValueError(f"fault {item!r}: it must last at least one frame")
+            raise ValueError(f"fault {shown(item)}: it must last at least one frame")
         faults.append(FaultSpec(name, int(match["start"]), frames))
     return faults

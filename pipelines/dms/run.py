@@ -21,6 +21,7 @@ from rich.console import Console
 
 from aio_runtime import configure_logging, now
 
+from ..echo import shown_path
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .camera import Frame
@@ -223,7 +224,7 @@ def _summary_path(text: str | None, config: ServiceConfig) -> Path | None:
     writable_file("--summary-json", path)
     for flag, other in _run_files(config).items():
         if other is not None and path.resolve() == other.resolve():
-            raise ValueError(f"--summary-json {text!r} is the {flag} file")
+            raise ValueError(f"--summary-json {shown_path(text)} is the {flag} file")
     return path
 
 

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from aio_runtime import configure_logging
 
+from ..echo import shown_path
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .camera import Frame
@@ -116,7 +117,7 @@ def _new_file(text: str) -> Path:
     path = Path(text)
     writable_file("output", path)
     if path.exists():
-        raise ValueError(f"output {text!r} exists: a recording is never overwritten")
+        raise ValueError(f"output {shown_path(text)} exists: a recording is never overwritten")
     return path
 
 

@@ -22,10 +22,16 @@ Sends never block, whatever the delivery mode: a replay is never held by network
   connection. A message is ~1-1.5 KB of JSON. Measured (``python -m benchmarks.zmq_memory``,
   1.5 KB messages, the defaults): 1.4 MB for one stalled subscriber, 2.2 MB for eight. The
   number of subscribers is capped all the same (connections cost file descriptors, kernel
-  buffers and that overhead): past ``max_subscribers`` live connections, a new one is refused in
-  ZeroMQ's handshake (a ZAP handler answers 400; logged, counted in :attr:`ZmqSink.refused`);
-  libzmq 4.3 does not retry a refused connection. The cap covers ``tcp://`` and ``ipc://``;
-  ``inproc://`` peers are the embedding application's own and have no handshake.
+  buffers and that overhead): ``max_subscribers`` are admitted — of a burst connecting at once,
+  the first ``max_subscribers`` through the handshake — and one past them is refused in
+  ZeroMQ's handshake: a ZAP handler answers 400, and libzmq sends the subscriber an ERROR
+  command with that code, which its socket's monitor reports as
+  ``ZMQ_EVENT_HANDSHAKE_FAILED_AUTH`` with value 400 (ZMTP's NULL mechanism carries the code,
+  not the reply's text); it receives nothing, and libzmq 4.3 does not retry it. Each refusal is
+  logged (``zmq subscriber refused``, with the peer's address) and counted
+  (:attr:`ZmqSink.refused`). A subscriber that leaves frees its place. The cap covers
+  ``tcp://`` and ``ipc://``; ``inproc://`` peers are the embedding application's own and have
+  no handshake.
 
 Addresses are checked up front (:func:`check_zmq_address`): the form, a port of 0-65535 (0 or ``*``:
 any free one), and the loopback rule (design C9: refused unless ``allow_remote``); a bad one is a
@@ -35,14 +41,11 @@ any free one), and the loopback rule (design C9: refused unless ``allow_remote``
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import itertools
 import threading
 
 import anyio.to_thread
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from aio_runtime import get_logger
 
@@ -58,6 +61,7 @@ from .sinks_policy import (
     Waiters,
     check_backlog,
 )
+from .sinks_zmq_gate import SubscriberGate
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -79,10 +83,6 @@ SEND_BUFFER = 128 * 1024
 MAX_SUBSCRIBERS = 8
 
 _log = get_logger(__name__)
-_ZAP = "inproc://zeromq.zap.01"
-_gates = itertools.count()
-_STOP_WAIT = 5.0
-"""Seconds to wait for the gate's thread to stop (it wakes at once when told)."""
 
 
 class AddressInUse(OSError):
@@ -126,7 +126,7 @@ class ZmqSink:
         if address.startswith("tcp://["):
             self._socket.setsockopt(zmq.IPV6, 1)  # only then: it would turn IPv4 endpoints to
             # IPv4-mapped IPv6 ones (tcp://[::ffff:127.0.0.1]:...), which IPv4 peers cannot use
-        self._gate = _SubscriberGate(self._context, self._socket, max_subscribers, self._name)
+        self._gate = SubscriberGate(self._context, self._socket, max_subscribers, self._name)
         try:
             self._socket.bind(address)
         except zmq.ZMQError as exc:
@@ -148,7 +148,8 @@ class ZmqSink:
 
     @property
     def subscribers(self) -> int:
-        """Live connections (``tcp://``, ``ipc://``), those being refused included."""
+        """Live connections (``tcp://``, ``ipc://``): the admitted ones, and those still in
+        their handshake or being refused."""
         return self._gate.connections
 
     @property
@@ -245,87 +246,3 @@ class ZmqSink:
     def _shut(self, linger_ms: int) -> None:
         self._gate.stop()
         self._socket.close(linger=linger_ms)
-
-
-class _SubscriberGate:
-    """Caps the subscribers: a thread that counts live connections (the socket's monitor) and
-    answers ZeroMQ's authentication requests (ZAP): admitted while there are at most ``limit``."""
-
-    def __init__(
-        self,
-        context: zmq.Context[zmq.Socket[bytes]],
-        socket: zmq.Socket[bytes],
-        limit: int,
-        sink: str,
-    ) -> None:
-        self._limit = limit
-        self._sink = sink
-        self._live: set[int] = set()
-        self.refused = 0
-        self._zap = context.socket(zmq.REP)
-        self._zap.setsockopt(zmq.LINGER, 0)
-        self._zap.bind(_ZAP)
-        self._monitor = socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        stop = f"inproc://dms-gate-stop-{next(_gates)}"
-        self._stop_in = context.socket(zmq.PAIR)
-        self._stop_in.bind(stop)
-        self._stop_out = context.socket(zmq.PAIR)
-        self._stop_out.connect(stop)
-        self._thread = threading.Thread(target=self._serve, name=f"{sink} gate", daemon=True)
-        self._thread.start()
-
-    @property
-    def connections(self) -> int:
-        return len(self._live)
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            with contextlib.suppress(zmq.ZMQError):
-                self._stop_out.send(b"", zmq.NOBLOCK)
-            self._thread.join(_STOP_WAIT)
-        self._stop_out.close(linger=0)
-
-    def _serve(self) -> None:
-        poller = zmq.Poller()
-        for socket in (self._zap, self._monitor, self._stop_in):
-            poller.register(socket, zmq.POLLIN)
-        try:
-            while True:
-                ready = dict(poller.poll())
-                if self._stop_in in ready:
-                    return
-                self._count_connections()
-                if self._zap in ready:
-                    self._answer(self._zap.recv_multipart())
-        except zmq.ContextTerminated:
-            return
-        finally:
-            for socket in (self._zap, self._monitor, self._stop_in):
-                socket.close(linger=0)
-
-    def _count_connections(self) -> None:
-        while True:
-            try:
-                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                self._live.add(event["value"])
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self._live.discard(event["value"])
-
-    def _answer(self, request: list[bytes]) -> None:
-        # A ZAP request: version, request id, domain, peer address, routing id, mechanism, ...
-        version, request_id, peer = request[0], request[1], request[3]
-        if len(self._live) <= self._limit:
-            self._zap.send_multipart([version, request_id, b"200", b"OK", b"", b""])
-            return
-        self.refused += 1
-        _log.warning(
-            "zmq subscriber refused",
-            sink=self._sink,
-            peer=peer.decode(errors="replace"),
-            max_subscribers=self._limit,
-        )
-        text = f"at most {self._limit} subscribers".encode()
-        self._zap.send_multipart([version, request_id, b"400", text, b"", b""])

@@ -35,6 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ...echo import shown
+
 __all__ = [
     "CONNECT_TIMEOUT",
     "OBJECT_STORE_BYTES",
@@ -81,12 +83,14 @@ def local_cpus() -> int:
 def _reachable(address: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterError(f"--address {address}: expected HOST:PORT or ray://HOST:PORT")
+        raise ClusterError(f"--address {shown(address)}: expected HOST:PORT or ray://HOST:PORT")
     try:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT):
             pass
     except OSError as exc:
-        raise ClusterError(f"--address {address}: no Ray cluster answers there: {exc}") from None
+        raise ClusterError(
+            f"--address {shown(address)}: no Ray cluster answers there: {exc}"
+        ) from None
 
 
 def _signal_handlers() -> dict[int, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from aio_runtime import configure_logging
 
+from ...echo import shown, shown_path
 from ...exit_codes import ExitCode
 from ...stopping import Stopping
 from ..config import DeviceKind, Mode
@@ -118,6 +119,10 @@ def _options(args: argparse.Namespace) -> FleetOptions:
         baseline = _checked_model("--baseline-model", Path(args.baseline_model))
     if not args.out:
         raise ValueError("--out: expected a directory path, got ''")
+    try:
+        Path(args.out).exists()
+    except OSError as exc:  # not a path the machine can look at (a name too long)
+        raise ValueError(f"--out {shown_path(args.out)}: {exc.strerror or exc}") from None
     workers = None if args.workers is None else _at_least_one("--workers", args.workers)
     return FleetOptions(
         Path(args.out),
@@ -143,7 +148,7 @@ def _checked_model(flag: str, path: Path) -> Path:
     try:
         load_contract(path)
     except (ValueError, OSError) as exc:
-        raise ValueError(f"{flag} {str(path)!r}: {exc}") from None
+        raise ValueError(f"{flag} {shown_path(path)}: {exc}") from None
     return path
 
 
@@ -155,7 +160,7 @@ def _positive(flag: str, text: str | None, default: float) -> float:
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
     if not 0 < value < math.inf:
-        raise ValueError(f"{flag}: expected a number of seconds above 0, got {text!r}")
+        raise ValueError(f"{flag}: expected a number of seconds above 0, got {shown(text)}")
     return value
 
 
@@ -165,7 +170,7 @@ def _at_least_one(flag: str, text: str) -> int:
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
     if value < 1:
-        raise ValueError(f"{flag}: expected a whole number of at least 1, got {text!r}")
+        raise ValueError(f"{flag}: expected a whole number of at least 1, got {shown(text)}")
     return value
 
 

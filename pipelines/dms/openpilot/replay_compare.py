@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from ..config import CameraFile, ServiceConfig
-from ..config_values import writable_file
+from ..config_values import number, shown, writable_file
 from ..messages import DriverStateV2
 from .compare import Comparison, compare
 from .logs import LogError
@@ -77,12 +77,12 @@ def _limit(flag: str, text: str | None, *, share: bool) -> float | None:
     if text is None:
         return None
     try:
-        value = float(text)
+        value = number(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0 or (share and value > 1):
         expected = "a share from 0 to 1" if share else "a number >= 0"
-        raise ValueError(f"{flag} must be {expected}, got {text!r}")
+        raise ValueError(f"{flag} must be {expected}, got {shown(text)}")
     return value
 
 

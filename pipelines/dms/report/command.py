@@ -66,15 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_output(directory: Path) -> None:
     """``directory`` is one, or can be made: :class:`ValueError` saying what is wrong."""
+    from ...echo import shown_path
+
+    said = f"output {shown_path(directory)}"
     if directory.exists():
         if not directory.is_dir():
-            raise ValueError(f"output {str(directory)!r} exists and is not a directory")
+            raise ValueError(f"{said} exists and is not a directory")
         if not os.access(directory, os.W_OK | os.X_OK):
-            raise ValueError(f"output {str(directory)!r}: cannot be written (permission denied)")
+            raise ValueError(f"{said}: cannot be written (permission denied)")
         return
     parent = next(above for above in directory.absolute().parents if above.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"output {str(directory)!r}: cannot be made in {str(parent)!r}")
+        raise ValueError(f"{said}: cannot be made in {shown_path(parent)}")
 
 
 def _budget(text: str | None) -> float:
@@ -89,12 +92,14 @@ def _budget(text: str | None) -> float:
 
 def _run_number(text: str | None, runs: int) -> int:
     """The chosen run's index (from 0)."""
+    from ..config_values import integer, shown
+
     if text is None:
         return runs - 1
     try:
-        number = int(text)
+        number = integer(text)
     except ValueError:
-        raise ValueError(f"run: expected a run number from 1, got {text!r}") from None
+        raise ValueError(f"run: expected a run number from 1, got {shown(text)}") from None
     if not 1 <= number <= runs:
         held = "one run" if runs == 1 else f"{runs} runs"
         raise ValueError(f"run {number}: the input holds {held} (expected 1 to {runs})")
