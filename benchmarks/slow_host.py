@@ -55,6 +55,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from benchmarks._report import Report, run
+
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = ("sim", "cpu", "segment")
 CONDITIONS = ("quiet", "quota 1.0", "quota 0.5", "busy")
@@ -161,29 +163,23 @@ def condition(name: str) -> Iterator[Callable[[], None] | None]:
         yield None
 
 
-def child(argv: list[str], name: str, timeout: float) -> tuple[dict[str, Any] | None, str | None]:
-    """``python -m benchmarks.slow_host ARGV`` under condition ``name``: its JSON line, or why it
-    gave none (the last line of its standard error)."""
+def child(
+    report: Report, what: str, argv: list[str], name: str, timeout: float
+) -> dict[str, Any] | None:
+    """``python -m benchmarks.slow_host ARGV`` under condition ``name``: its JSON line, or None
+    (reported as ``what``: not measured, or what its standard error last said)."""
     try:
         with condition(name) as prepare:
-            result = subprocess.run(
+            return report.child_json(
+                what,
                 [sys.executable, "-m", "benchmarks.slow_host", *argv],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
                 timeout=timeout,
+                cwd=ROOT,
                 preexec_fn=prepare,
-                check=False,
             )
     except NotMeasured as exc:
-        return None, f"not measured: {exc}"
-    except subprocess.TimeoutExpired:
-        return None, f"failed: no result within {timeout:.0f} s"
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if result.returncode != 0 or not lines:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return None, f"failed (exit {result.returncode}): {last[:160]}"
-    return json.loads(lines[-1]), None
+        report.fail(what, f"not measured: {exc}")
+        return None
 
 
 # --- one case, in its child ------------------------------------------------------------------
@@ -374,7 +370,7 @@ def _num(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def run_cases(frames: int, segment: Path) -> list[dict[str, Any]]:
+def run_cases(report: Report, frames: int, segment: Path) -> list[dict[str, Any]]:
     cases = [(i, c, None) for c in CONDITIONS for i in INPUTS]
     cases += [(i, "busy", REALTIME) for i in ("sim", "cpu")]
     rows = []
@@ -383,14 +379,11 @@ def run_cases(frames: int, segment: Path) -> list[dict[str, Any]]:
         argv = ["--one", input_name, "--segment", str(segment), "--frames", str(frames)]
         if realtime:
             argv += ["--realtime", str(realtime)]
-        service, why = child(argv, name, timeout=120 + frames * 0.2)
-        sync, sync_why = (None, None)
-        if why is None:
-            sync, sync_why = child(
-                ["--sync", input_name, "--segment", str(segment), "--frames", str(frames)],
-                name,
-                timeout=60 + frames * 0.2,
-            )
+        service = child(report, label.strip(), argv, name, timeout=120 + frames * 0.2)
+        sync = None
+        if service is not None:
+            sync_argv = ["--sync", input_name, "--segment", str(segment), "--frames", str(frames)]
+            sync = child(report, f"{label.strip()} sync", sync_argv, name, 60 + frames * 0.2)
         rows.append(
             {
                 "input": input_name,
@@ -398,9 +391,7 @@ def run_cases(frames: int, segment: Path) -> list[dict[str, Any]]:
                 "realtime": realtime,
                 "label": label,
                 "service": service,
-                "why": why,
                 "sync": sync,
-                "sync_why": sync_why,
             }
         )
         _print_row(rows[-1])
@@ -416,7 +407,7 @@ HEADER = (
 def _print_row(row: dict[str, Any]) -> None:
     s, sync = row["service"], row["sync"] or {}
     if s is None:
-        print(f"{row['label']:30} {row['why']}", flush=True)
+        print(f"{row['label']:30} -", flush=True)
         return
     if not s["available"]:
         print(f"{row['label']:30} never AVAILABLE (untrue {s['untrue']})", flush=True)
@@ -425,8 +416,7 @@ def _print_row(row: dict[str, Any]) -> None:
         f"{row['label']:30} {_pct(s['valid_share']):>7} {_pct(s['late_share']):>6} "
         f"{_pct(s['published_valid']):>10} {s['unavailable']:>5} {s['unavailable_rate']:>5} "
         f"{_num(s['valid_fps']):>7} {_num(s['age_p50_ms']):>8} {_num(s['age_p99_ms']):>8} "
-        f"{s['untrue']:>6} {_pct(sync.get('published')):>9} {_pct(sync.get('on_time')):>8}"
-        + (f"  (sync: {row['sync_why']})" if row["sync_why"] else ""),
+        f"{s['untrue']:>6} {_pct(sync.get('published')):>9} {_pct(sync.get('on_time')):>8}",
         flush=True,
     )
 
@@ -479,7 +469,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main(report: Report) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="600 frames a case (30 s)")
     parser.add_argument("--frames", type=int, help="frames a case (default 200, 600 with --full)")
@@ -505,13 +495,14 @@ def main() -> None:
             "AVAILABLE"
         )
         print(HEADER)
-        rows = run_cases(frames, segment)
+        rows = run_cases(report, frames, segment)
     result = verdicts(rows)
     print("\ntargets: quiet >= 99 % valid; quota 1.0 >= 97 % and 0 UNAVAILABLE; busy >= 90 % "
           "and 0 UNAVAILABLE; quota 0.5 only minimum-rate UNAVAILABLE, >= 8 valid/s, >= 90 % of "
           "published valid; every message true to the decision table")  # fmt: skip
-    print(json.dumps(result))
+    met = result.pop("targets_met")
+    report.end(result, targets_met=met)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
