@@ -20,16 +20,17 @@ $(INSTALLED): pyproject.toml
 run: setup
 	$(VENV)/bin/aio-dms run --duration 10
 
-# Three steps. The ordinary suite; the fleet tests, on one local Ray cluster started for them
-# (and a two-node one), ending only the processes they started; then the emulated-USB tests (real
-# libusb against the simulated bridge served by umockdev) in a process of their own under
+# Three steps. The ordinary suite, where a test that hangs fails by pytest-timeout's signal
+# method and the run goes on; the fleet tests, on one local Ray cluster started for them (and a
+# two-node one), ending only the processes they started; then the emulated-USB tests (real libusb
+# against the simulated bridge served by umockdev) in a process of their own under
 # umockdev-wrapper, where AIO_DMS_REQUIRE_UMOCKDEV=1 turns a missing emulation into failures and
-# any skip into a failed run. A hang inside libusb's C code ends by pytest-timeout's thread method
-# (--timeout, per test).
+# any skip into a failed run. The last two wait inside native code (Ray's core worker, libusb),
+# where a signal may never be handled: a hang there ends the step by pytest-timeout's thread method.
 test: setup
 	$(PY) -m pytest --ignore=tests/umockdev --ignore=tests/fleet
-	$(PY) -m pytest tests/fleet
-	AIO_DMS_REQUIRE_UMOCKDEV=1 umockdev-wrapper $(PY) -m pytest tests/umockdev --timeout=30
+	$(PY) -m pytest tests/fleet --timeout-method=thread
+	AIO_DMS_REQUIRE_UMOCKDEV=1 umockdev-wrapper $(PY) -m pytest tests/umockdev --timeout=30 --timeout-method=thread
 
 # The built wheel as users install it, in fresh virtual environments (packages from PyPI): bare,
 # the runtime core and the transports; with the dms extra, the DMS service, a user's pytest file on

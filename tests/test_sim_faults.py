@@ -30,13 +30,17 @@ async def test_occurrences_are_counted_per_fault():
 
 
 async def test_a_window_rule_fires_on_every_occurrence_inside_the_window():
+    rule = FaultRule(Fault.TLP_RETRY_STORM, window=(1.0, 2.0))
+    # from its start, up to its end
+    assert [rule.matches(1, t) for t in (0.999, 1.0, 1.999, 2.0)] == [False, True, True, False]
     async with virtual_time():
-        plan = FaultPlan([FaultRule(Fault.TLP_RETRY_STORM, window=(1.0, 2.0))])
+        plan = FaultPlan([rule])
         results = []
+        await anyio.sleep(0.25)  # between the bounds: a sum of sleeps lands on one only roughly
         for _ in range(6):
             results.append(plan.check(Fault.TLP_RETRY_STORM) is not None)
             await anyio.sleep(0.5)
-    # checks at 0, 0.5, 1.0, 1.5, 2.0, 2.5 s
+    # checks at 0.25, 0.75, 1.25, 1.75, 2.25, 2.75 s
     assert results == [False, False, True, True, False, False]
 
 

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 import trio
 
@@ -27,7 +30,7 @@ async def test_timers_fire_in_deadline_order():
 
     async def sleeper(delay):
         await anyio.sleep(delay)
-        fired.append((delay, round(now() - start, 9)))
+        fired.append((delay, round(now() - start, 6)))  # past 2**24 s, timers run an ulp late
 
     async with virtual_time():
         start = now()
@@ -35,6 +38,59 @@ async def test_timers_fire_in_deadline_order():
             for delay in (3.0, 1.0, 2.0):
                 tg.start_soon(sleeper, delay)
     assert fired == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
+
+
+@pytest.mark.timeout(10)  # the failure this guards against is a loop that never idles
+async def test_waits_that_sleep_what_is_left_of_a_deadline_reach_it_taking_turns():
+    # The clock lands on a timer a rounding error before a deadline. Two waits that read the clock
+    # and sleep what is left of it (as a cancel scope or a polling probe does) take turns, so the
+    # loop is never idle: the deadline is still reached, not seen ahead forever.
+    async with virtual_time():
+        landing = now() + 1.0
+        deadline = math.nextafter(landing, math.inf)
+        reached = []
+
+        async def wait_for_the_deadline(offset: int) -> None:
+            await anyio.sleep_until(landing)
+            for _ in range(offset):  # out of step with the other wait by one pass of the loop
+                await anyio.lowlevel.checkpoint()
+            while now() < deadline:  # noqa: ASYNC110 (the subject: a wait that reads the clock)
+                await anyio.sleep(deadline - now())
+            reached.append(now())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_the_deadline, 0)
+            tg.start_soon(wait_for_the_deadline, 1)
+    assert reached == [deadline, deadline]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_timer_never_runs_before_its_time(anyio_backend):
+    loop = asyncio.get_running_loop()
+    early = []
+
+    def check(when: float) -> None:
+        early.append(max(0.0, when - loop.time()))
+
+    async with virtual_time():
+        at = now() + 1.0
+        for when in (at, at + 1e-10, at + 2e-10):  # within asyncio's clock resolution
+            loop.call_at(when, check, when)
+        await anyio.sleep(2.0)
+    assert early == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.timeout(10)
+async def test_timers_run_on_a_clock_far_from_zero():
+    # A year of a monotonic clock: a clock resolution of a nanosecond is below its precision.
+    async with virtual_time() as clock:
+        clock.jump(365 * 86400.0)
+        start = now()
+        await anyio.sleep(0.001)
+        with anyio.move_on_after(0.5) as scope:
+            await anyio.sleep_forever()
+        assert scope.cancelled_caught
+        assert now() - start == pytest.approx(0.501, abs=1e-6)
 
 
 async def test_the_clock_stays_monotonic_after_the_block():

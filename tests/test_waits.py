@@ -165,6 +165,21 @@ async def test_value_arriving_exactly_at_the_deadline_counts():
         assert await wait_until(probe, bool, awaited="x", error=SignalTimeout, timeout=2.0) == 1
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)  # a clock that starts at zero
+async def test_value_arriving_exactly_at_the_deadline_counts_from_any_start():
+    # From a start where the seconds since it, subtracted back at the deadline, fall a rounding
+    # error short of the timeout: a quarter of the readings of a clock near zero.
+    async with virtual_time() as clock:
+        for _ in range(1000):
+            if (now() + 2.0) - now() < 2.0:
+                break
+            clock.jump(0.000_7)
+        else:
+            pytest.fail("no such start in the clock's first 0.7 s")
+        probe = ScriptedProbe.late(1, after=2.0)
+        assert await wait_until(probe, bool, awaited="x", error=SignalTimeout, timeout=2.0) == 1
+
+
 async def test_satisfied_condition_returns_without_waiting_even_with_zero_timeout():
     async with virtual_time():
         start = now()

@@ -48,9 +48,39 @@ def store_later(memory: np.ndarray, index: int, value: int, delay: float) -> thr
     return timer
 
 
-async def test_watcher_detects_a_store_from_another_thread(watcher):
+def store_once_watched(
+    monkeypatch: pytest.MonkeyPatch,
+    watcher: MemoryWatcher,
+    memory: np.ndarray,
+    stores: dict[int, int],
+) -> threading.Thread:
+    """Make ``stores`` (index: value) from another thread once as many watches as stores have
+    begun on ``watcher``: a store made before a wait begins is found by its first read, on the
+    loop, and the watcher is not involved (nor, for that wait, ever called). A watch that never
+    begins holds the stores back 10 s at most."""
+    begun = threading.Semaphore(0)
+    watch = watcher.watch
+
+    def counted(*args, **kwargs):
+        begun.release()
+        return watch(*args, **kwargs)
+
+    monkeypatch.setattr(watcher, "watch", counted)
+
+    def store() -> None:
+        for _ in stores:
+            begun.acquire(timeout=10.0)
+        for index, value in stores.items():
+            memory[index] = value
+
+    thread = threading.Thread(target=store, name="store", daemon=True)
+    thread.start()
+    return thread
+
+
+async def test_watcher_detects_a_store_from_another_thread(watcher, monkeypatch):
     memory = np.zeros(1, dtype=np.uint64)
-    store_later(memory, 0, 9, 0.005)
+    store_once_watched(monkeypatch, watcher, memory, {0: 9})
     value = await wait_until(
         lambda: int(memory[0]),
         lambda v: v >= 9,
@@ -98,7 +128,7 @@ async def test_cancelling_a_watched_wait_removes_the_watch(watcher):
     assert watcher.statistics().pending == 0
 
 
-async def test_many_waits_share_one_thread(watcher):
+async def test_many_waits_share_one_thread(watcher, monkeypatch):
     memory = np.zeros(8, dtype=np.uint64)
     results = {}
 
@@ -112,11 +142,10 @@ async def test_many_waits_share_one_thread(watcher):
             watcher=watcher,
         )
 
+    store_once_watched(monkeypatch, watcher, memory, {i: i + 1 for i in range(8)})
     async with anyio.create_task_group() as tg:
         for i in range(8):
             tg.start_soon(wait_word, i)
-        for i in range(8):
-            store_later(memory, i, i + 1, 0.002 * (i + 1))
     assert results == {i: i + 1 for i in range(8)}
     assert [t.name for t in threading.enumerate()].count("memory-watcher-test") == 1
 

@@ -43,6 +43,7 @@ class ScriptedProbe:
         self.latency = latency
         self.reads = 0
         self._start: float | None = None
+        self._instants: list[float] = []
 
     @classmethod
     def late(
@@ -69,8 +70,13 @@ class ScriptedProbe:
         t = now()
         if self._start is None:
             self._start = t
+            # Each step's instant, summed as a timeout's deadline is (start + seconds): a step
+            # due at a wait's deadline has come when the clock reaches it, whereas the seconds
+            # since the start, subtracted back, may fall short of it by a rounding error.
+            self._instants = [t + seconds for seconds in self._times]
         self.reads += 1
-        return self.value_at(t - self._start)
+        index = bisect.bisect_right(self._instants, t)
+        return self.initial if index == 0 else self._values[index - 1]
 
     async def read(self) -> int:
         if self.latency:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import selectors
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -81,10 +82,19 @@ class _Counter:
 
 
 class _AutojumpSelector:
-    """Wraps a selector: when the loop would sleep ``timeout`` with no I/O ready, jump instead."""
+    """Wraps a selector: when the loop would sleep ``timeout`` with no I/O ready, jump instead.
+
+    Whatever it returns, the clock has reached every timer the loop is about to run. asyncio runs
+    a timer up to its clock resolution before the timer's time, which is harmless on a clock that
+    keeps moving; on a clock that moves only when the loop is idle it is not. A wait that re-reads
+    the clock and sleeps what is left of its deadline (anyio's cancel scopes, a polling probe) would
+    see that deadline a rounding error ahead, run again at once, and — with two such waits taking
+    turns, the loop never idle — see it ahead forever.
+    """
 
     def __init__(
         self,
+        loop: asyncio.AbstractEventLoop,
         inner: selectors.BaseSelector,
         counter: _Counter,
         autojump_threshold: float,
@@ -92,6 +102,7 @@ class _AutojumpSelector:
         hold_limit: float = 0.0,
         threads: Callable[[], bool] | None = None,
     ) -> None:
+        self._loop = loop
         self._inner = inner
         self._counter = counter
         self._threshold = autojump_threshold
@@ -119,6 +130,11 @@ class _AutojumpSelector:
         return events
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = self._select(timeout)
+        self._reach_due_timers()
+        return events
+
+    def _select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             # No timer pending: only I/O or another thread can wake the loop. Block for it.
             return self._inner.select(None)
@@ -134,8 +150,33 @@ class _AutojumpSelector:
         self._counter.jump(timeout)
         return []
 
+    def _reach_due_timers(self) -> None:
+        """Move the clock to the latest timer the loop will run on this pass: those due within
+        its clock resolution. The timers are a heap, so only those and their children are read."""
+        scheduled: list[asyncio.TimerHandle] = self._loop._scheduled  # type: ignore[attr-defined]
+        resolution: float = self._loop._clock_resolution  # type: ignore[attr-defined]
+        counter = self._counter
+        while True:
+            end, latest, pending = counter.value + resolution, counter.value, [0]
+            while pending:
+                index = pending.pop()
+                if index < len(scheduled) and scheduled[index].when() <= end:
+                    if not scheduled[index].cancelled():
+                        latest = max(latest, _running(scheduled[index].when(), resolution))
+                    pending += (2 * index + 1, 2 * index + 2)
+            if latest <= counter.value:
+                return
+            counter.value = latest  # later timers may now be due within the resolution
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _running(when: float, resolution: float) -> float:
+    """The earliest reading of the clock at which asyncio runs a timer set for ``when``: it runs
+    those set before its time plus its clock resolution, and far enough from zero (half a year of
+    a monotonic clock) that sum rounds to the time itself."""
+    return when if when + resolution > when else math.nextafter(when, math.inf)
 
 
 class _OffsetClock:
@@ -168,7 +209,9 @@ async def _asyncio_virtual_time(
     real_time = current.base if isinstance(current, _OffsetClock) else current
     counter = _Counter(current())
     threads = threads_busy() if hold is None else None
-    autojump = _AutojumpSelector(selector, counter, autojump_threshold, hold, hold_limit, threads)
+    autojump = _AutojumpSelector(
+        loop, selector, counter, autojump_threshold, hold, hold_limit, threads
+    )
     loop._selector = autojump  # type: ignore[attr-defined]
     loop.time = counter.now  # type: ignore[method-assign]
     try:
