@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
@@ -296,6 +297,13 @@ def measure(input_name: str, segment: str | None, frames: int, realtime: int | N
         "age_p99_ms": float(np.percentile(ages, 99)) if ages else None,
         "dropped": dict(service.summary.frames.dropped),
         "invalid": dict(service.summary.frames.invalid),
+        "stale_where": dict(
+            collections.Counter(
+                re.sub(r"[\d.]+", "N", m.reason.split(": ", 2)[1][:40])
+                for m in frames_in
+                if m.reason_kind == "stale"
+            )
+        ),
         "untrue": untrue,
         "reasons": sorted({str(s.reason.kind) for s in away if s.reason is not None}),
     }

@@ -283,9 +283,10 @@ def test_a_device_fault_is_the_device_s_not_the_host_s_the_rate_starts_again():
 
 def test_a_frame_that_could_not_finish_by_its_bound_is_not_started():
     judge = policy()
-    assert judge.admits(1.0, stale_at=1.01)  # nothing worked yet: every frame is tried
+    assert judge.admits(1.0, stale_at=1.01)  # nothing worked yet: every frame is tried...
+    assert not judge.admits(1.0, stale_at=1.0)  # ...but one stale already
     for k in range(20):
-        judge.worked(1.0 + k * PERIOD, 0.06 if k % 10 else 0.02)  # p90 of the work: 60 ms
+        judge.worked(1.0 + k * PERIOD, 0.06 if k % 10 else 0.02)  # p95 of the work: 60 ms
     at = 2.0
     assert judge.admits(at, stale_at=at + 0.07)
     assert not judge.admits(at, stale_at=at + 0.05)
@@ -317,3 +318,15 @@ def test_the_host_s_cpu_stat_says_how_long_a_quota_held_it_off_in_either_cgroup_
     assert _host._throttled(v1) == 2.5 and _host._throttled(v2) == 1.5
     assert _host._throttled(tmp_path / "none") == 0.0
     assert isinstance(_host.HostLoad().sample(), HostSample)  # this machine's, whatever it is
+
+
+def test_no_frame_from_a_recorded_source_that_fell_behind_is_overload_not_a_camera_stall():
+    judge = policy()
+    good(judge, 2)
+    stall = CameraTimeout(awaited="a camera frame", timeout=0.25, elapsed=0.25)
+    verdict = judge.camera_stalled(stall, behind=7)
+    assert verdict.reason.kind == "overloaded"
+    assert verdict.reason.detail.startswith(
+        "no frame for 0.25 s: the recorded input's reading falls behind (7 frames skipped); "
+    )
+    assert judge.availability.state.availability is U

@@ -78,6 +78,8 @@ class RecordedSource(SourceBase):
     its own staleness bound)."""
     skipped: int = 0
     """Frames not delivered because the source fell behind (paced only)."""
+    falling_behind: bool = False
+    """It skipped a frame, and has handed none on in time since."""
     read_timeout: float = 2.0
     """Seconds to wait for a frame's read once it is the one asked for."""
     _clock: RecordedTime
@@ -133,11 +135,13 @@ class RecordedSource(SourceBase):
                     raise StopAsyncIteration
                 frame = self._pending = self._clock.retimed(recorded)
             if self.paced:
-                if clock_ns() - frame.timestamp_eof > stale_ns and not self._silent(stale_ns):
+                late = clock_ns() - frame.timestamp_eof > stale_ns
+                if late and not self._silent(stale_ns):
                     self._pending = None  # behind: gone, as a camera's would be
                     self._fell_behind(frame)
                     continue
                 await wait_until_ns(frame.timestamp_eof)
+                self.falling_behind = late  # a skip ahead waits for its frame: behind till then
             self._pending = None
             self.delivered += 1
             self._handed_at = clock_ns()
@@ -183,6 +187,7 @@ class RecordedSource(SourceBase):
         """``frame`` is too old to deliver: skipped; a source whose reads are too slow to catch
         up skips ahead to the frame due now, one skip at a time."""
         self.skipped += 1
+        self.falling_behind = True
         catches_up = self._read_seconds * 1e9 < 0.8 * self._spacing_ns
         if catches_up or self._behind or self._ended or frame.recorded_sof is None:
             return

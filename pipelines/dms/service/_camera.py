@@ -169,7 +169,10 @@ class Camera:
 
     async def watch(self, stall_after: float) -> None:
         """A camera that stops delivering makes the service UNAVAILABLE, and says so on every
-        sink each ``stall_after`` seconds while it lasts: it never goes silent."""
+        sink each ``stall_after`` seconds while it lasts: it never goes silent. A recorded
+        source that skipped frames meanwhile has not stopped: it falls behind, and the host is
+        too slow to read it (overloaded, not a camera's stall)."""
+        skipped = self._skipped()
         while True:
             try:
                 await wait_complete(
@@ -181,4 +184,16 @@ class Camera:
                 self._arrived = anyio.Event()
             except CameraTimeout as exc:  # reported again each period while the camera is out
                 if not self._held:
-                    self.outcomes.status(self.policy.camera_stalled(exc))
+                    behind = self._skipped() - skipped
+                    if behind == 0 and self._falling_behind():
+                        behind = -1  # behind still, catching up or skipping ahead
+                    self.outcomes.status(self.policy.camera_stalled(exc, behind=behind))
+            skipped = self._skipped()
+
+    def _skipped(self) -> int:
+        source = self.source
+        return source.skipped if isinstance(source, RecordedSource) else 0
+
+    def _falling_behind(self) -> bool:
+        source = self.source
+        return isinstance(source, RecordedSource) and source.falling_behind

@@ -22,7 +22,7 @@ lasts), and it follows the hardware and the outputs, not the host's speed:
   DEGRADED with the rate it achieves and why (``overloaded: 12.5 of 20 Hz valid; throttled by
   its CPU quota``), UNAVAILABLE while that rate is below ``min_rate``; stale frames and drops are
   otherwise no failures. Live, a frame that could not be published within ``stale_after``
-  (judged from the recent frames' work from the model's hand-over on, their p90) is not
+  (judged from the recent frames' work from the model's hand-over on, their p95) is not
   started: dropped, counted;
 - a frame that finds no model to run it says why and reports nothing (whoever is bringing the
   model up reports the availability meanwhile).
@@ -62,7 +62,9 @@ OVERLOADED = "overloaded"
 WORK_SAMPLES = 20
 """Recent frames whose work (handed to the model to published) predicts the next frame's..."""
 WORK_HORIZON = 1.0
-"""...among those of the last second: a frame is tried again once none is that recent."""
+"""...among those of the last second: a frame is tried again once none is that recent..."""
+WORK_PERCENTILE = 95
+"""...and the share of them a frame started should finish within."""
 
 
 @dataclass(frozen=True)
@@ -131,15 +133,16 @@ class FramePolicy:
 
     def admits(self, at: float, stale_at: float) -> bool:
         """Whether a frame handed to the model at ``at`` can still be published by
-        ``stale_at``, judged from the recent frames' work from there (its p90; always,
-        replaying, and while no frame was worked in the last :data:`WORK_HORIZON` seconds)."""
+        ``stale_at``, judged from the recent frames' work from there (its p95: a frame started
+        should be a frame published valid; while no frame was worked in the last
+        :data:`WORK_HORIZON` seconds, any frame not stale yet). Replaying, every frame is."""
         if not self.live:
             return True
         while self._work and self._work[0][0] < at - WORK_HORIZON:
             self._work.popleft()
         if not self._work:
-            return True
-        expected = float(np.percentile([seconds for _, seconds in self._work], 90))
+            return at < stale_at
+        expected = float(np.percentile([seconds for _, seconds in self._work], WORK_PERCENTILE))
         return at + expected <= stale_at
 
     def worked(self, at: float, seconds: float) -> None:
@@ -222,9 +225,20 @@ class FramePolicy:
 
     # -- the camera --------------------------------------------------------------------------
 
-    def camera_stalled(self, exc: CameraTimeout) -> Verdict:
-        """No frame for the stall period (reported again each period while it lasts)."""
-        reason = Reason("camera", exc.message)
+    def camera_stalled(self, exc: CameraTimeout, *, behind: int = 0) -> Verdict:
+        """No frame for the stall period (reported again each period while it lasts); a
+        recorded source that skipped ``behind`` frames meanwhile (-1: some before, and it has
+        not caught up since) has fallen behind instead, the host too slow to read it:
+        overloaded, with what the host shows."""
+        if behind:
+            skipped = f"{behind} frames skipped" if behind > 0 else "catching up"
+            detail = (
+                f"no frame for {exc.timeout:g} s: the recorded input's reading falls behind "
+                f"({skipped}); {self._cause()}"
+            )
+            reason = Reason(OVERLOADED, detail)
+        else:
+            reason = Reason("camera", exc.message)
         self.availability.report_unavailable(reason)
         return Verdict(reason, timeouts=(str(exc.layer),))
 
@@ -247,6 +261,11 @@ class FramePolicy:
         overloaded = self._overloaded(at)
         if overloaded is not None and self._below_minimum:
             self.availability.report_unavailable(overloaded, per_kind=False)
+
+    @property
+    def overloaded(self) -> bool:
+        """The service cannot keep up with its camera, as last judged."""
+        return self._said is not None
 
     @property
     def _below_minimum(self) -> bool:

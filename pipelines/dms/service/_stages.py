@@ -158,10 +158,10 @@ class Model:
     """The model on each warped frame, on the device's current session. A backend that runs back to
     back is handed each frame as soon as it is warped: its run waits on the runner's thread and
     starts the moment the run in progress returns, unless a newer frame replaces it first (dropped,
-    counted); a run still in progress at its frame's staleness bound is cut there. A frame past its
-    staleness bound when the model could take it is published stale, unrun; live, one that could not
-    finish before its bound (judged from the recent frames' work from here to publication, their
-    p90) is not started: dropped, counted. Otherwise one frame at a time (the accelerator): at the
+    counted); a run still in progress at its frame's staleness bound is cut there. Live, a frame that
+    could not be published before its bound (judged from the recent frames' work from here to
+    publication, their p95), or is past it already, is not started: dropped, counted; replaying, one
+    past its bound is published stale, unrun. Otherwise one frame at a time (the accelerator): at the
     frame's staleness bound the frame is published stale and the device's run goes on until it ends
     (see :meth:`_device_run`). A run still in progress at its frame's deadline goes on either way,
     and its output is published late (and valid)."""
@@ -191,7 +191,10 @@ class Model:
                 except SlotClosed:
                     break
                 session = self.device.current
-                if session is not None and session.backend.runs_back_to_back and self.overlap:
+                # Runs back to back keep a fast enough host's model busy; a host that cannot keep
+                # up gains nothing by them but a queue: one at a time, each the newest frame.
+                overlap = self.overlap and not self.policy.overloaded
+                if session is not None and session.backend.runs_back_to_back and overlap:
                     runs.start_soon(self._step, job, session, outbox)
                 else:
                     await self._step(job, session, outbox)
@@ -199,11 +202,11 @@ class Model:
 
     async def _step(self, job: FrameJob, session: DeviceSession | None, outbox: JobSlot) -> None:
         at = now()
-        if at >= job.stale_at:  # nothing done for it could still be of use
-            self.outcomes.invalid(job, self.policy.stale(at - job.start, at, "run"))
-            return
         if session is not None and not self.policy.admits(at, job.stale_at):
-            self.outcomes.dropped("overload", job)  # it could not finish in time
+            self.outcomes.dropped("overload", job)  # live: it could not finish in time
+            return
+        if at >= job.stale_at:  # replaying, nothing is dropped: nothing done for it is of use
+            self.outcomes.invalid(job, self.policy.stale(at - job.start, at, "run"))
             return
         job.handed = at
         if await self._infer(job, session):
