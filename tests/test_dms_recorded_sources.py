@@ -14,6 +14,7 @@ import anyio
 import numpy as np
 import pytest
 from openpilot_segments import build_segment
+from test_dms_service import run
 
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
@@ -25,7 +26,6 @@ from pipelines.dms.config import ServiceConfig
 from pipelines.dms.openpilot import segments
 from pipelines.dms.openpilot.segments import SegmentCamera
 from pipelines.dms.recording import record_frames
-from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -185,20 +185,9 @@ async def test_the_frames_a_recorded_source_skips_are_dropped_at_the_camera_and_
             return frame
 
     config = ServiceConfig(device="cpu", health_port=None, calib=(0.0, 0.0, 0.0))
-    messages = []
     with use_ledger(Ledger()) as ledger:
         async with held(ledger) as clock:
-            with anyio.fail_after(30):
-                async with DmsService(config, source=Away(recording)) as service:
-
-                    async def collect():
-                        async for message in service.messages(backlog=100):
-                            messages.append(message)
-
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(collect)
-                        await service.finished()
-                        tg.cancel_scope.cancel()
+            service, messages = await run(config, Away(recording), within=30)
     frames = service.summary.frames
     frames.check()
     assert frames.dropped["camera"] >= 8 and frames.received == 40
