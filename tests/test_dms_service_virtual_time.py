@@ -345,23 +345,23 @@ async def test_a_host_not_scheduled_while_the_device_runs_is_not_a_hung_accelera
 
 async def test_a_cpu_run_past_its_deadline_is_published_late_not_stopped(monkeypatch):
     """The CPU runner runs back to back; a run that takes longer than the budget (here a
-    scripted 50 ms before it starts) is not stopped at the deadline: its frame is published
+    scripted 40 ms before it starts) is not stopped at the deadline: its frame is published
     valid with its output, flagged late."""
-    slow = {10, 11, 12, 20}
+    slow = {10, 20, 30}
     calls = []
     infer = CpuBackend.infer
 
     async def slow_infer(self, image, calib):
         calls.append(now())
         if len(calls) in slow:
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.04)  # off the frames' 50 ms beat: no next frame comes meanwhile
         return await infer(self, image, calib)
 
     monkeypatch.setattr(CpuBackend, "infer", slow_infer)
     config = ServiceConfig(**{**SIM, "device": "cpu"})
     _, messages = await run_service(config)
     late = [m for m in messages if m.late]
-    assert len(late) >= len(slow) - 1  # a slow run's frame may be superseded while it waits
+    assert len(late) == len(slow)
     assert all(m.valid and m.frame_age > config.budget for m in late)
     assert not any(m.availability == "unavailable" for m in _after_up(messages))
 
