@@ -7,7 +7,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.model.reference import reference_model_path
 
 
 def one_thread_session(path: str | None = None) -> Any:

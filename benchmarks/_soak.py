@@ -16,9 +16,9 @@ import anyio
 import anyio.abc
 
 from aio_runtime import Availability, now
-from pipelines.dms.camera import Frame
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.faults import DEVICE_FAULTS
+from pipelines.dms.config.faults import DEVICE_FAULTS
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.synthetic import SyntheticCamera
 from pipelines.dms.service import DmsService
 from transports.gpu import SessionConfig
 from transports.sim import FaultPlan, FaultRule

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._report import Report, cell, run
-from pipelines.dms.config import ServiceConfig
+from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.service import DmsService
 
 CASES = ("baseline", "sim", "cpu")

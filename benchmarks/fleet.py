@@ -49,8 +49,6 @@ import numpy as np
 
 from benchmarks._plain import one_thread_session
 from benchmarks._report import Report, cell, ratio, run
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.decode import Decoder
 from pipelines.dms.fleet import (
     FleetCluster,
     FleetOptions,
@@ -61,11 +59,13 @@ from pipelines.dms.fleet import (
     run_fleet,
 )
 from pipelines.dms.fleet.processes import descendants
-from pipelines.dms.model import load_contract
-from pipelines.dms.recording import FrameRecorder
-from pipelines.dms.recording_reader import RecordingReader
-from pipelines.dms.reference_model import reference_model_path
-from pipelines.dms.warp import Warper
+from pipelines.dms.frames.recording import FrameRecorder
+from pipelines.dms.frames.recording_reader import RecordingReader
+from pipelines.dms.frames.synthetic import SyntheticCamera
+from pipelines.dms.model.contract import load_contract
+from pipelines.dms.model.decode import Decoder
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.model.warp import Warper
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _WORKER = "ray::ReplayWorker"

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from benchmarks._report import Report, cell, median, ratio, rounded, run
 from pipelines.dms.fleet.compare import compare_runs, write_comparison
 from pipelines.dms.messages import READINESS_LAYERS
-from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, parquet_schema
+from pipelines.dms.sinks.parquet import DRIVER_COLUMNS, parquet_schema
 
 T = TypeVar("T")
 

@@ -37,8 +37,8 @@ import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
 from benchmarks._report import Report, cell, median, run
-from pipelines.dms.model_runner import OnnxRunner
-from pipelines.dms.reference_model import (
+from pipelines.dms.backends.cpu import OnnxRunner
+from pipelines.dms.model.reference import (
     build_reference_model,
     reference_model_macs,
     reference_model_path,

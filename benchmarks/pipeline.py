@@ -1,6 +1,6 @@
 """Benchmark: the DMS pipeline as an openpilot-style synchronous loop and through the service.
 
-The same stages — warp (our :class:`~pipelines.dms.warp.Warper`), the bundled reference model on
+The same stages — warp (our :class:`~pipelines.dms.model.warp.Warper`), the bundled reference model on
 onnxruntime with the same thread settings (printed), decode — on the synthetic camera, for both
 cabin cameras, at 20 Hz and at the maximum rate:
 
@@ -43,14 +43,14 @@ import onnxruntime as ort
 
 from aio_runtime import now
 from benchmarks._report import Report, cell, median, ratio, rounded, run
-from pipelines.dms.camera import AR_OX_FISHEYE, OS_FISHEYE, CameraConfig, Frame
-from pipelines.dms.camera_sources import SourceBase, clock_ns
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.decode import Decoder
-from pipelines.dms.model import load_contract
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.frame import AR_OX_FISHEYE, OS_FISHEYE, CameraConfig, Frame
+from pipelines.dms.frames.source import SourceBase, clock_ns
+from pipelines.dms.model.contract import load_contract
+from pipelines.dms.model.decode import Decoder
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.model.warp import Warper
 from pipelines.dms.service import DmsService
-from pipelines.dms.warp import Warper
 
 THREADS = 1
 _CPUS = sorted(os.sched_getaffinity(0))

@@ -38,10 +38,10 @@ import anyio
 
 from aio_runtime import Availability, now
 from benchmarks._report import Report, run
-from pipelines.dms.camera import Frame
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.faults import DEVICE_FAULTS
+from pipelines.dms.config.faults import DEVICE_FAULTS
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.synthetic import SyntheticCamera
 from pipelines.dms.service import DmsService
 from transports.sim import FaultPlan, FaultRule
 

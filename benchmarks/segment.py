@@ -40,15 +40,16 @@ import numpy as np
 
 from benchmarks._plain import one_thread_session
 from benchmarks._report import Report, cell, median, ratio, rounded, run
-from pipelines.dms.camera import nv12_layout
-from pipelines.dms.config import CameraFile, DeviceKind, Mode, ServiceConfig
-from pipelines.dms.decode import Decoder
-from pipelines.dms.model import load_contract
-from pipelines.dms.openpilot import segments
-from pipelines.dms.openpilot.segments import nv12_from_video
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.config.kinds import CameraFile, DeviceKind, Mode
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames import segment as segments
+from pipelines.dms.frames.frame import nv12_layout
+from pipelines.dms.frames.segment import nv12_from_video
+from pipelines.dms.model.contract import load_contract
+from pipelines.dms.model.decode import Decoder
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.model.warp import Warper
 from pipelines.dms.service import DmsService
-from pipelines.dms.warp import Warper
 
 
 def _median(values: list[float]) -> float:

@@ -187,7 +187,8 @@ def child(
 
 
 def _config(input_name: str, segment: str | None, frames: int, realtime: int | None) -> Any:
-    from pipelines.dms.config import CameraFile, ServiceConfig, Synthetic
+    from pipelines.dms.config.kinds import CameraFile, Synthetic
+    from pipelines.dms.config.settings import ServiceConfig
 
     camera = CameraFile(Path(segment)) if input_name == "segment" and segment else Synthetic()
     return ServiceConfig(
@@ -314,11 +315,11 @@ def sync_loop(input_name: str, segment: str | None, frames: int) -> dict:
     import numpy as np
 
     from benchmarks._plain import one_thread_session
-    from pipelines.dms.camera import AR_OX_FISHEYE, nv12_layout
-    from pipelines.dms.decode import Decoder
-    from pipelines.dms.model import load_contract
-    from pipelines.dms.reference_model import reference_model_path
-    from pipelines.dms.warp import Warper
+    from pipelines.dms.frames.frame import AR_OX_FISHEYE, nv12_layout
+    from pipelines.dms.model.contract import load_contract
+    from pipelines.dms.model.decode import Decoder
+    from pipelines.dms.model.reference import reference_model_path
+    from pipelines.dms.model.warp import Warper
 
     contract = load_contract(reference_model_path())
     session = one_thread_session()
@@ -329,7 +330,7 @@ def sync_loop(input_name: str, segment: str | None, frames: int) -> dict:
     if input_name == "segment" and segment:
         import av
 
-        from pipelines.dms.openpilot.segments import nv12_from_video
+        from pipelines.dms.frames.segment import nv12_from_video
 
         container = av.open(str(Path(segment) / "dcamera.hevc"), format="hevc")
         stream = container.streams.video[0]

@@ -54,13 +54,13 @@ from aio_runtime.testing import threads_busy, virtual_time
 from benchmarks._report import Report
 from benchmarks._report import run as run_benchmark
 from benchmarks._soak import DEVICE_KINDS, SERVICE_KINDS, Latencies, Soak
-from pipelines.dms.accelerator_sim import simulated_device
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.model import load_contract
-from pipelines.dms.model_runner import OnnxRunner
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.backends.cpu import OnnxRunner
+from pipelines.dms.backends.sim import simulated_device
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.model.contract import load_contract
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.model.warp import MODEL_INPUT_SIZE
 from pipelines.dms.service import DmsService
-from pipelines.dms.warp import MODEL_INPUT_SIZE
 from transports.sim import FaultPlan
 from transports.sim.usb import SimUsbTransport
 

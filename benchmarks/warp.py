@@ -4,7 +4,7 @@ For both cabin cameras — the 1928x1208 one (the warp is an integer crop) and t
 0.75 scale plus offset, 98 border rows) — side by side, in one run, round by round so machine noise
 hits every variant alike, all on one thread:
 
-* ``warper`` — :class:`pipelines.dms.warp.Warper`: a slice copy for the crop, precomputed source
+* ``warper`` — :class:`pipelines.dms.model.warp.Warper`: a slice copy for the crop, precomputed source
   indices and one gather otherwise (openpilot-exact: round half to even, border 16);
 * ``cv2``    — ``cv2.warpPerspective`` nearest with a constant border of 16 and
   ``cv2.setNumThreads(1)``. Not part of the contract: OpenCV computes coordinates in float64
@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from benchmarks._report import Report, cell, ratio, rounded, run
-from pipelines.dms.warp import (
+from pipelines.dms.model.warp import (
     BORDER_VALUE,
     MODEL_INPUT_HEIGHT,
     MODEL_INPUT_SIZE,

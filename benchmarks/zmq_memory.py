@@ -1,6 +1,6 @@
 """Benchmark: what a stalled ZeroMQ subscriber costs the publisher, in messages and in memory.
 
-A :class:`~pipelines.dms.publish.ZmqSink` with its defaults (high-water mark, send buffer) publishes
+A :class:`~pipelines.dms.sinks.publish.ZmqSink` with its defaults (high-water mark, send buffer) publishes
 realistic driverStateV2 messages to ``N`` subscribers (1, 2, 4, 8) in a child process that connect
 and never read (each with a receive high-water mark of 1 and a 64 KiB receive buffer, so that
 little hides on their side). Publishing goes on until every queue is full (sends fail, counted) and
@@ -29,8 +29,7 @@ import numpy as np
 
 from benchmarks._report import Report, cell, median, ratio, rounded, run
 from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2, new_run_id
-from pipelines.dms.publish import ZmqSink
-from pipelines.dms.sinks_zmq import HIGH_WATER_MARK, TOPIC
+from pipelines.dms.sinks.zmq import HIGH_WATER_MARK, TOPIC, ZmqSink
 
 SUBSCRIBERS = (1, 2, 4, 8)
 BOUND = 60.0

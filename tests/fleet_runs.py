@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.dms.camera import Frame
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.recording import FrameRecorder
 from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS
-from pipelines.dms.recording import FrameRecorder
-from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, PARQUET_COLUMNS, parquet_schema
+from pipelines.dms.sinks.parquet import DRIVER_COLUMNS, PARQUET_COLUMNS, parquet_schema
 
 PERIOD_NS = 50_000_000
 """Frames 50 ms apart, as recorded."""

@@ -7,8 +7,8 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines.dms.camera import Frame
-from pipelines.dms.recording import FILE_HEADER, FILE_MAGIC, RECORD_HEADER_V1, RECORD_MARKER
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.recording import FILE_HEADER, FILE_MAGIC, RECORD_HEADER_V1, RECORD_MARKER
 
 
 def write_v1(path: Path, frames: Iterable[Frame]) -> list[int]:

@@ -26,7 +26,7 @@ RETRY_LOOPS = {"aio_runtime/_core/_supervision.py", "aio_runtime/testing/_script
 # A camera source is a clock-driven producer: a frame exists once its capture period has passed,
 # so sources pace by sleeping until each frame's instant on the loop clock. That is no wait on
 # hardware (the instant is known and always reached). One function does it, with sleep_until() only.
-CAMERA_PACING = ("pipelines/dms/camera_sources.py", "wait_until_ns", "sleep_until")
+CAMERA_PACING = ("pipelines/dms/frames/source.py", "wait_until_ns", "sleep_until")
 
 
 def camera_pacing_calls(path: str, tree: ast.AST) -> set[ast.Call]:
@@ -209,14 +209,133 @@ def test_the_cycle_check_sees_a_cycle_through_a_package_init():
     assert find_cycle(graph) is None  # an import inside a function runs later, not at import
 
 
+# The DMS package's folders (and its top-level modules), ranked bottom-up in the chain's order:
+# a module imports from its own folder and from folders of lower rank only — at import time,
+# inside a function and for a type checker alike, since each is a dependency of the code. The
+# package's own __init__ (the embedding facade, which imports lazily) stands above them all and
+# is imported by none of them; the commands (pipelines.cli) stand above the package.
+DMS = "pipelines.dms"
+DMS_RANKS = {
+    "messages": 0,  # the published message
+    "summary": 0,  # a run's summary document
+    "openpilot": 1,  # openpilot's formats: cereal Events, logs, segments' logs
+    "config": 2,  # every setting, declared once
+    "frames": 3,  # frames and their sources
+    "model": 3,  # what the model takes and gives
+    "sinks": 3,  # where messages go
+    "backends": 4,  # where the model runs
+    "service": 5,  # the chain
+    "fleet": 6,  # replays of many recordings
+    "report": 7,  # pictures of runs and fleets
+}
+MAX_DMS_TOP = 6
+"""Modules at the top of the DMS package, its __init__ included."""
+
+
+def all_import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, wherever it is: at import time, in a function, for type checking."""
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def dms_part(module: str) -> str | None:
+    """The ranked part of the DMS package ``module`` belongs to; ``""`` for the package itself,
+    None outside it."""
+    if module == DMS:
+        return ""
+    if not module.startswith(DMS + "."):
+        return None
+    return module.split(".")[2]
+
+
+def facade_names(
+    module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]
+) -> list[str]:
+    """The names ``node`` takes from the DMS package's facade (not its submodules)."""
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        package = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{node.module}" if node.module else package
+    else:
+        base = node.module or ""
+    if base != DMS:
+        return []
+    return [a.name for a in node.names if f"{DMS}.{a.name}" not in known]
+
+
+def arrows_against_rank(
+    sources: dict[str, tuple[str, bool]], known: set[str], ranks: dict[str, int]
+) -> list[str]:
+    """``module -> target`` for each import (anywhere in the module) from one ranked part of
+    the DMS package to another of the same or a higher rank, or to the package's facade."""
+    found = []
+    for module, (text, is_package) in sorted(sources.items()):
+        part = dms_part(module)
+        if not part:
+            continue
+        nodes = all_import_nodes(ast.parse(text))
+        targets = imported_modules(module, is_package, nodes, known)
+        if any(facade_names(module, is_package, node, known) for node in nodes):
+            targets.add(DMS)  # the facade is an ancestor, which imported_modules leaves out
+        for target in sorted(targets):
+            other = dms_part(target)
+            if other is None or other == part:
+                continue
+            if other == "" or ranks[other] >= ranks[part]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_dms_folders_import_only_folders_below_them():
+    names = package_modules()
+    sources = {
+        module: ((ROOT / path).read_text(), path.endswith("__init__.py"))
+        for module, path in names.items()
+        if dms_part(module) is not None
+    }
+    unranked = sorted({p for m in sources if (p := dms_part(m)) and p not in DMS_RANKS})
+    assert not unranked, f"parts of {DMS} without a rank in DMS_RANKS: {unranked}"
+    found = arrows_against_rank(sources, set(names), DMS_RANKS)
+    assert not found, "imports that point up or sideways:\n" + "\n".join(found)
+
+
+def test_the_dms_package_keeps_few_modules_at_its_top():
+    top = sorted(p.name for p in (ROOT / "pipelines" / "dms").glob("*.py"))
+    assert len(top) <= MAX_DMS_TOP, top
+
+
+def test_the_rank_check_sees_every_kind_of_import_against_the_ranks():
+    ranks = {"low": 0, "mid": 1, "high": 2}
+    known = {DMS, *(f"{DMS}.{n}" for n in ranks), *(f"{DMS}.{n}.x" for n in ranks)}
+    sources = {
+        f"{DMS}.low.x": ("def f():\n    from ..high.x import y\n", False),  # up, in a function
+        f"{DMS}.mid.x": (
+            "from typing import TYPE_CHECKING\nfrom ..low import x\n"
+            "if TYPE_CHECKING:\n    from ..mid2 import z\n",
+            False,
+        ),
+        f"{DMS}.high.x": ("from .. import DmsService\nfrom ..mid.x import y\n", False),
+    }
+    ranks["mid2"] = 1
+    known |= {f"{DMS}.mid2"}
+    assert arrows_against_rank(sources, known, ranks) == [
+        f"{DMS}.high.x -> {DMS}",  # the facade
+        f"{DMS}.low.x -> {DMS}.high",
+        f"{DMS}.low.x -> {DMS}.high.x",
+        f"{DMS}.mid.x -> {DMS}.mid2",  # sideways, for the type checker only
+    ]
+
+
 # The simulator is one backend among others: outside it, nothing imports it, but for these users.
 SIMULATOR_USERS = {
     # the simulated GPU that runs the model as its kernel
-    "pipelines/dms/accelerator_sim.py",
+    "pipelines/dms/backends/sim.py",
     # the backend factory: the accelerator simulated in this process, one device kind of several
-    "pipelines/dms/service/_backends.py",
+    "pipelines/dms/backends/base.py",
     # the service's fault injection: its faults are the simulator's, scripted on its fault plan
-    "pipelines/dms/faults.py",
+    "pipelines/dms/config/faults.py",
     "pipelines/dms/service/_faults.py",
 }
 

@@ -21,11 +21,12 @@ from openpilot_segments import build_segment
 from report_runs import GPU_HANG, lines
 
 from pipelines.cli import _parser, main
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.fleet.compare_command import compare_command, compare_parser
+from pipelines.cli.fleet_compare import compare_command, compare_parser
+from pipelines.dms.config.settings import ServiceConfig
 from pipelines.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
+
 
 def arabic(digits: str) -> str:
     """``digits`` in Arabic-Indic digits, which Python's ``int()`` and ``float()`` read as

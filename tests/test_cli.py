@@ -69,7 +69,7 @@ def test_model_info_prints_the_reference_models_contract_as_json(tmp_path):
 def test_model_info_reads_a_model_by_path_and_explains_a_mismatch(tmp_path):
     from onnx import TensorProto, helper
 
-    from pipelines.dms.reference_model import build_reference_model, write_model
+    from pipelines.dms.model.reference import build_reference_model, write_model
 
     good = write_model(build_reference_model(seed=5), tmp_path / "seed5.onnx")
     result = run("-m", "pipelines.cli", "model-info", "--model", str(good))

@@ -16,7 +16,7 @@ from test_dms_service_io import cabin_recording
 from pipelines.cli import _parser, main
 from pipelines.dms.openpilot.events import DRIVER_STATE, STATUS, read_events
 from pipelines.dms.openpilot.logs import read_log
-from pipelines.dms.publish import cereal_port
+from pipelines.dms.sinks.cereal import cereal_port
 from pipelines.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from test_dms_service_io import cabin_recording
 
 from pipelines import cli
 from pipelines.cli import _parser, main
-from pipelines.dms.run import run
-from pipelines.dms.run_summary import SUMMARY_VERSION, RunSummaryRecord
+from pipelines.cli.run import run
+from pipelines.dms.summary import SUMMARY_VERSION, RunSummaryRecord
 from pipelines.exit_codes import ExitCode
 from pipelines.stopping import Stopping
 
@@ -189,7 +189,7 @@ def test_a_fault_of_ours_mid_run_leaves_the_summary_there_is_and_is_not_hidden(
     async def broken(self):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("pipelines.dms.run.DmsService.finished", broken)
+    monkeypatch.setattr("pipelines.cli.run.DmsService.finished", broken)
     with pytest.raises(Exception, match=r"a bug|unhandled errors"):
         main(["run", *CPU, "--frames", "3", "--summary-json", str(summary)])
     document = json.loads(summary.read_text())
@@ -205,7 +205,7 @@ def test_a_summary_that_cannot_be_written_fails_the_run(tmp_path, capsys, monkey
     def full(path, record):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("pipelines.dms.run.write_summary_json", full)
+    monkeypatch.setattr("pipelines.cli.run.write_summary_json", full)
     assert main(["run", *CPU, "--frames", "10", "--summary-json", str(summary)]) == ExitCode.FAILED
     assert "the summary could not be written" in capsys.readouterr().err
 

@@ -16,10 +16,10 @@ from test_cli_stop import _source
 from test_dms_service_io import cabin_recording
 
 from pipelines.cli import _parser, main
-from pipelines.dms.camera import Frame
-from pipelines.dms.camera_sources import clock_ns
-from pipelines.dms.run import run
-from pipelines.dms.sinks_parquet import (
+from pipelines.cli.run import run
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.source import clock_ns
+from pipelines.dms.sinks.parquet import (
     DRIVER_COLUMNS,
     PARQUET_COLUMNS,
     parquet_schema,

@@ -13,7 +13,7 @@ from test_dms_camera import gray_images, patch, small_frames, write_video
 from test_run_progress import REDRAW, Tty
 
 from pipelines.cli import main
-from pipelines.dms.recording_reader import RecordingReader
+from pipelines.dms.frames.recording_reader import RecordingReader
 from pipelines.exit_codes import ExitCode
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -80,7 +80,7 @@ def test_a_camera_that_fails_fails_the_recording_and_leaves_it_whole(tmp_path, c
 
 def test_a_signal_stops_the_recording_whole_and_exits_130(tmp_path, capsys, monkeypatch):
     out = tmp_path / "cut.dmsrec"
-    monkeypatch.setattr("pipelines.dms.run_record.open_camera", lambda spec: _source(stop_after=3))
+    monkeypatch.setattr("pipelines.cli.record.open_camera", lambda spec: _source(stop_after=3))
     assert main(["record", "--frames", "1000", "-o", str(out)]) == ExitCode.INTERRUPTED
     assert "stopped by a signal after" in capsys.readouterr().err
     with RecordingReader(out) as reader:

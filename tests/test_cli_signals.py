@@ -139,7 +139,9 @@ def test_a_second_signal_once_the_work_has_ended_exits_130(recording):
 def _handles(pid: int, signum: int) -> bool:
     """The process has a handler for ``signum`` (Linux: /proc's caught-signals mask)."""
     status = Path(f"/proc/{pid}/status").read_text()
-    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    caught = int(
+        next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16
+    )
     return bool(caught >> (signum - 1) & 1)
 
 

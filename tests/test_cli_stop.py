@@ -16,9 +16,9 @@ from test_dms_service_io import cabin_recording
 
 from pipelines import cli
 from pipelines.cli import _jsonl_on_stdout, _parser, main
-from pipelines.dms.camera import Frame
-from pipelines.dms.camera_sources import clock_ns
-from pipelines.dms.run import run
+from pipelines.cli.run import run
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.source import clock_ns
 from pipelines.exit_codes import ExitCode
 from pipelines.stopping import ECHO, Interrupted, Stopping
 
@@ -30,7 +30,9 @@ def _handles(pid: int, signum: int) -> bool:
     """The process has a handler for ``signum`` (Linux: /proc's caught-signals mask). Python
     catches SIGINT from its start; SIGTERM only once the entry point has installed its own."""
     status = Path(f"/proc/{pid}/status").read_text()
-    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    caught = int(
+        next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16
+    )
     return bool(caught >> (signum - 1) & 1)
 
 
@@ -72,7 +74,7 @@ def test_a_signal_before_the_service_starts_prints_the_summary_clear_of_the_json
     if where == "parsing":
         monkeypatch.setattr(cli, "_parser", _interrupt)
     else:
-        monkeypatch.setattr("pipelines.dms.run.DmsService", _interrupt)
+        monkeypatch.setattr("pipelines.cli.run.DmsService", _interrupt)
     code = main(["run", *CPU, "--duration", "60", *jsonl])
     captured = capsys.readouterr()
     assert code == ExitCode.OK
@@ -93,7 +95,9 @@ def test_a_signal_before_a_replay_starts_exits_130_and_other_commands_say_so_on_
     assert captured.out == "" and "summary (stopped: signal, before" in captured.err
     assert main(["model-info"]) == ExitCode.INTERRUPTED
     captured = capsys.readouterr()
-    assert captured.out == "" and "aio-dms: stopped by a signal before it had started" in captured.err
+    assert (
+        captured.out == "" and "aio-dms: stopped by a signal before it had started" in captured.err
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,7 +216,9 @@ async def _source(stop_after: int):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("command", "code"), [("run", ExitCode.OK), ("replay", ExitCode.INTERRUPTED)])
+@pytest.mark.parametrize(
+    ("command", "code"), [("run", ExitCode.OK), ("replay", ExitCode.INTERRUPTED)]
+)
 def test_a_signal_mid_run_ends_it_with_its_summary_and_the_tables_exit_code(
     command, code, tmp_path, capsys
 ):

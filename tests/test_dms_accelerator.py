@@ -18,13 +18,13 @@ from aio_runtime import (
     now,
 )
 from aio_runtime.testing import virtual_time
-from pipelines.dms.accelerator import (
+from pipelines.dms.backends.accelerator import (
     LOOKS_PER_HANG,
     MODEL_KERNEL,
     AcceleratorRunner,
     StallEvidence,
 )
-from pipelines.dms.accelerator_sim import simulated_device
+from pipelines.dms.backends.sim import simulated_device
 from transports.gpu import GpuFault
 from transports.gpu.copy import CHUNK
 from transports.protocol import gpu as hw

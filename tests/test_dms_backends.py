@@ -17,8 +17,8 @@ from aio_runtime import (
     wait_until,
 )
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.service._backends import open_device
+from pipelines.dms.backends.base import open_device
+from pipelines.dms.config.settings import ServiceConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -24,7 +24,7 @@ from recordings_v1 import write_v1
 
 from aio_runtime import CameraTimeout, Ledger, now, wait_until
 from aio_runtime.testing import virtual_time
-from pipelines.dms.camera import (
+from pipelines.dms.frames.frame import (
     AR_OX_FISHEYE,
     CABIN_CAMERAS,
     OS_FISHEYE,
@@ -37,18 +37,18 @@ from pipelines.dms.camera import (
     nv12_layout,
     other_camera,
 )
-from pipelines.dms.camera_replay import ReplayCamera
-from pipelines.dms.camera_sources import FrameSource, clock_ns
-from pipelines.dms.camera_synthetic import SyntheticCalibration, SyntheticCamera
-from pipelines.dms.camera_video import VideoDecodeError, VideoFileCamera, bgr_to_nv12
-from pipelines.dms.recording import (
+from pipelines.dms.frames.recording import (
     FILE_HEADER,
     RECORD_HEADER_V1,
     FrameRecorder,
     ReplayFormatError,
     record_frames,
 )
-from pipelines.dms.recording_reader import RecordingReader
+from pipelines.dms.frames.recording_reader import RecordingReader
+from pipelines.dms.frames.replay import ReplayCamera
+from pipelines.dms.frames.source import FrameSource, clock_ns
+from pipelines.dms.frames.synthetic import SyntheticCalibration, SyntheticCamera
+from pipelines.dms.frames.video import VideoDecodeError, VideoFileCamera, bgr_to_nv12
 
 pytestmark = pytest.mark.anyio
 
@@ -693,7 +693,7 @@ def test_time_going_back_is_corrupt(tmp_path):
 async def test_a_replay_reads_every_frame_on_one_thread_of_its_own(tmp_path, ledger, monkeypatch):
     import threading
 
-    from pipelines.dms.recording_reader import RecordingReader
+    from pipelines.dms.frames.recording_reader import RecordingReader
 
     path = tmp_path / "cabin.dmsrec"
     threads: list[threading.Thread] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from pipelines.dms.channels import FrameAccounting, HandoffSlot, LatestSlot, SlotClosed
+from pipelines.dms.service.slots import FrameAccounting, HandoffSlot, LatestSlot, SlotClosed
 
 pytestmark = pytest.mark.anyio
 

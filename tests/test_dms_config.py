@@ -11,17 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.dms import config_values
-from pipelines.dms.config import (
-    CameraFile,
-    DeviceKind,
-    ServiceConfig,
-    Synthetic,
-    parse_camera,
-    settings,
-)
-from pipelines.dms.faults import FaultSpec
-from pipelines.dms.run import add_arguments, config_from
+from pipelines.cli.run import add_arguments, config_from
+from pipelines.dms.config import values as config_values
+from pipelines.dms.config.faults import FaultSpec
+from pipelines.dms.config.kinds import CameraFile, DeviceKind, Synthetic, parse_camera
+from pipelines.dms.config.settings import ServiceConfig, settings
 
 
 def arabic(digits: str) -> str:

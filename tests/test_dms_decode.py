@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.dms.decode import (
+from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
+from pipelines.dms.model.decode import (
     EXP_CLIP,
     FACE_DESCS_MIN_WIDTH,
     PROBABILITY_HEADS,
@@ -22,8 +23,7 @@ from pipelines.dms.decode import (
     safe_exp,
     sigmoid,
 )
-from pipelines.dms.messages import DRIVER_FIELDS, READINESS_LAYERS, DriverStateV2
-from pipelines.dms.reference_model import REFERENCE_SLICES
+from pipelines.dms.model.reference import REFERENCE_SLICES
 
 
 def layout(face_width: int = 12, extra: int = 0) -> dict[str, slice]:

@@ -15,10 +15,12 @@ import pytest
 from quiet_host import unconfigured_logging
 
 from aio_runtime.testing import TransitionRecorder
-from pipelines.dms import camera_synthetic, model
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.service import DmsService, _backends
-from pipelines.dms.warp import Warper
+from pipelines.dms.backends import base as _backends
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames import synthetic as camera_synthetic
+from pipelines.dms.model import contract as model
+from pipelines.dms.model.warp import Warper
+from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

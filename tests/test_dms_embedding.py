@@ -26,7 +26,7 @@ import aio_runtime
 from aio_runtime import Availability, Reason
 from pipelines.cli import main
 from pipelines.dms import BoundEndpoints, DmsService, ServiceConfig, StartupError
-from pipelines.dms.sinks_zmq import AddressInUse, ZmqSink
+from pipelines.dms.sinks.zmq import AddressInUse, ZmqSink
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = {"device": "cpu", "calib": (0.0, 0.0, 0.0), "budget": 0.5}

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
 
 from pipelines import __version__
-from pipelines.dms.config import Mode
-from pipelines.dms.endpoints import HealthState, Metrics, create_app, model_metadata, serve
-from pipelines.dms.metrics import STAGES, ServiceRegistry
-from pipelines.dms.model import TensorSpec, read_contract
-from pipelines.dms.publish import SinkStats
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.config.kinds import Mode
+from pipelines.dms.model.contract import TensorSpec, read_contract
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.service.endpoints import HealthState, create_app, model_metadata, serve
+from pipelines.dms.service.metrics import STAGES, Metrics, ServiceRegistry
+from pipelines.dms.sinks.base import SinkStats
 
 pytestmark = pytest.mark.anyio
 

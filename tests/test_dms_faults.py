@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.dms.faults import FAULT_NAMES, FaultSpec, parse_faults
+from pipelines.dms.config.faults import FAULT_NAMES, FaultSpec, parse_faults
 from transports.sim import Fault
 
 

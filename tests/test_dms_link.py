@@ -20,7 +20,7 @@ from aio_runtime import (
     use_ledger,
 )
 from aio_runtime.testing import TransitionRecorder, virtual_time
-from pipelines.dms.service._link import AcceleratorLink
+from pipelines.dms.backends.link import AcceleratorLink
 from transports.protocol.bridge import LTSSM_XDATA, VendorRequest
 from transports.sim import Fault, FaultPlan, FaultRule
 from transports.sim.gpu import SimDevice

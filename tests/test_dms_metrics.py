@@ -15,11 +15,11 @@ import pytest
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines import __version__
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.metrics import STAGES
-from pipelines.dms.reference_model import REFERENCE_CHECKPOINT
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.synthetic import SyntheticCamera
+from pipelines.dms.model.reference import REFERENCE_CHECKPOINT
 from pipelines.dms.service import DmsService
+from pipelines.dms.service.metrics import STAGES
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

@@ -35,27 +35,18 @@ from aio_runtime import (
     use_ledger,
     wait_until,
 )
-from pipelines.dms.decode import REQUIRED_HEADS, decode
-from pipelines.dms.model import (
+from pipelines.dms.backends.cpu import ModelInputError, ModelRunFailed, OnnxRunner, RunSuperseded
+from pipelines.dms.model.contract import (
     EXPECTED_INPUTS,
     ContractMismatch,
-    MetadataError,
-    ModelContractError,
-    UnsafeMetadata,
     check_real_output,
-    encode_output_slices,
     load_contract,
-    parse_output_slices,
     read_contract,
-    safe_unpickle,
 )
-from pipelines.dms.model_runner import (
-    ModelInputError,
-    ModelRunFailed,
-    OnnxRunner,
-    RunSuperseded,
-)
-from pipelines.dms.reference_model import (
+from pipelines.dms.model.decode import REQUIRED_HEADS, decode
+from pipelines.dms.model.limits import MetadataError, ModelContractError, UnsafeMetadata
+from pipelines.dms.model.metadata import encode_output_slices, parse_output_slices
+from pipelines.dms.model.reference import (
     CACHE_ENV,
     REFERENCE_CHECKPOINT,
     REFERENCE_SLICES,
@@ -67,6 +58,7 @@ from pipelines.dms.reference_model import (
     reference_model_path,
     write_model,
 )
+from pipelines.dms.model.safe_pickle import safe_unpickle
 
 pytestmark = pytest.mark.anyio
 

@@ -14,20 +14,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.dms.metadata_limits import check_extent
-from pipelines.dms.model_metadata import (
+from pipelines.dms.model.limits import (
     DEFAULT_LIMITS,
-    MAX_METADATA_BYTES,
     MetadataError,
     MetadataLimitExceeded,
     MetadataLimits,
     ModelContractError,
     UnsafeMetadata,
+    check_extent,
+)
+from pipelines.dms.model.metadata import (
+    MAX_METADATA_BYTES,
     encode_output_slices,
     parse_output_slices,
-    safe_unpickle,
 )
-from pipelines.dms.reference_model import REFERENCE_SLICES
+from pipelines.dms.model.reference import REFERENCE_SLICES
+from pipelines.dms.model.safe_pickle import safe_unpickle
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,17 +15,13 @@ from dms_messages import RUN_ID, message
 from sink_checks import assert_exact
 
 from aio_runtime.testing import virtual_time
-from pipelines.dms.config import Mode, ServiceConfig
+from pipelines.dms.config.kinds import Mode
+from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.messages import READINESS_LAYERS, DriverStateV2, new_run_id
-from pipelines.dms.publish import (
-    LIVE_BACKLOG,
-    JsonLinesSink,
-    SinkFailed,
-    Sinks,
-    Subscriptions,
-    SubscriptionStalled,
-)
-from pipelines.dms.sinks_policy import Waiters
+from pipelines.dms.sinks.base import LIVE_BACKLOG, SinkFailed, SubscriptionStalled, Waiters
+from pipelines.dms.sinks.jsonl import JsonLinesSink
+from pipelines.dms.sinks.memory import Subscriptions
+from pipelines.dms.sinks.publish import Sinks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

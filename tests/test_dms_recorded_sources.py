@@ -18,14 +18,14 @@ from test_dms_service import run
 
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.camera import Frame, nv12_layout
-from pipelines.dms.camera_recorded import AHEAD
-from pipelines.dms.camera_replay import ReplayCamera
-from pipelines.dms.camera_sources import clock_ns
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.openpilot import segments
-from pipelines.dms.openpilot.segments import SegmentCamera
-from pipelines.dms.recording import record_frames
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames import segment as segments
+from pipelines.dms.frames.frame import Frame, nv12_layout
+from pipelines.dms.frames.recorded import AHEAD
+from pipelines.dms.frames.recording import record_frames
+from pipelines.dms.frames.replay import ReplayCamera
+from pipelines.dms.frames.segment import SegmentCamera
+from pipelines.dms.frames.source import clock_ns
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

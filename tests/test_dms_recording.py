@@ -14,10 +14,8 @@ import zstandard
 from recordings_v1 import write_v1
 from test_dms_camera import patch, small_frames, workers_returned
 
-from pipelines.dms.camera import Frame, nv12_layout
-from pipelines.dms.camera_replay import ReplayCamera
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.recording import (
+from pipelines.dms.frames.frame import Frame, nv12_layout
+from pipelines.dms.frames.recording import (
     CODEC_RAW,
     CODEC_ZSTD,
     FILE_HEADER,
@@ -27,7 +25,9 @@ from pipelines.dms.recording import (
     ReplayFormatError,
     record_frames,
 )
-from pipelines.dms.recording_reader import RecordingReader
+from pipelines.dms.frames.recording_reader import RecordingReader
+from pipelines.dms.frames.replay import ReplayCamera
+from pipelines.dms.frames.synthetic import SyntheticCamera
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

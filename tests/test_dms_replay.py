@@ -11,10 +11,11 @@ from test_dms_service_io import CPU, cabin_recording
 
 from aio_runtime import Ledger, now, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.camera import Frame
-from pipelines.dms.camera_sources import CLOSE_BOUND, clock_ns, closing
-from pipelines.dms.config import Mode, ServiceConfig
-from pipelines.dms.recording_reader import RecordingReader
+from pipelines.dms.config.kinds import Mode
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.recording_reader import RecordingReader
+from pipelines.dms.frames.source import CLOSE_BOUND, clock_ns, closing
 from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

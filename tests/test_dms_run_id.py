@@ -10,9 +10,9 @@ from dms_messages import RUN_ID, message
 from test_dms_service import run
 from test_dms_sink_zmq import join, subscriber  # noqa: F401 (a fixture)
 
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.publish import TOPIC, ZmqSink
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.synthetic import SyntheticCamera
+from pipelines.dms.sinks.zmq import TOPIC, ZmqSink
 
 CPU = {"device": "cpu", "calib": (0.0, 0.0, 0.0), "budget": 2.0, "health_port": None}
 

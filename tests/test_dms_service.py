@@ -13,8 +13,8 @@ import pytest
 
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.synthetic import SyntheticCamera
 from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -210,7 +210,7 @@ async def test_frames_in_flight_when_the_service_is_stopped_are_counted_as_dropp
 
 
 async def test_a_non_finite_calibration_sample_is_rejected_and_named():
-    from pipelines.dms.camera_synthetic import SyntheticCalibration
+    from pipelines.dms.frames.synthetic import SyntheticCalibration
 
     config = ServiceConfig(device="cpu", health_port=None, frames=40, calib_stale_after=0.2)
     calibration = SyntheticCalibration(rate=20.0, nan_at=range(3, 1000))  # NaN from sample 3 on
@@ -261,7 +261,7 @@ def test_model_cpus_are_checked_against_the_cpus_there_are():
 
 async def test_an_accelerator_that_cannot_be_opened_does_not_hold_the_frames_back(monkeypatch):
     from aio_runtime import FirmwareTimeout
-    from pipelines.dms.accelerator import AcceleratorRunner
+    from pipelines.dms.backends.accelerator import AcceleratorRunner
 
     async def never_opens(*args, **kwargs):
         raise FirmwareTimeout("SMU mailbox: no answer", awaited="the SMU")

@@ -18,11 +18,11 @@ from test_dms_camera import gray_images, write_video
 from test_dms_endpoints import get
 from test_dms_service import run
 
-from pipelines.dms.camera import Frame
-from pipelines.dms.camera_sources import clock_ns
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.recording import FrameRecorder
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.frame import Frame
+from pipelines.dms.frames.recording import FrameRecorder
+from pipelines.dms.frames.source import clock_ns
+from pipelines.dms.frames.synthetic import SyntheticCamera
 from pipelines.dms.service import DmsService
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -305,7 +305,7 @@ async def test_sinks_opened_before_one_that_fails_are_closed_and_their_address_i
     reads): the start fails, the ZeroMQ sink is closed, and its address is free again (a retry
     in the same process binds it)."""
     from pipelines.dms.service import StartupError
-    from pipelines.dms.sinks_zmq import ZmqSink
+    from pipelines.dms.sinks.zmq import ZmqSink
 
     fifo = tmp_path / "out.jsonl"
     os.mkfifo(fifo)

@@ -37,15 +37,15 @@ from aio_runtime import (
     wait_until,
 )
 from aio_runtime.testing import threads_busy, virtual_time
-from pipelines.dms.accelerator import MODEL_KERNEL
-from pipelines.dms.accelerator_sim import model_kernel, simulated_device
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.model_runner import OnnxRunner
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.backends.accelerator import MODEL_KERNEL
+from pipelines.dms.backends.base import CpuBackend
+from pipelines.dms.backends.cpu import OnnxRunner
+from pipelines.dms.backends.sim import model_kernel, simulated_device
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.synthetic import SyntheticCamera
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.model.warp import MODEL_INPUT_SIZE
 from pipelines.dms.service import DmsService
-from pipelines.dms.service._backends import CpuBackend
-from pipelines.dms.warp import MODEL_INPUT_SIZE
 from transports.gpu import SessionConfig
 from transports.sim.usb import SimUsbTransport
 

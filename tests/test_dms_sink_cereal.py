@@ -11,10 +11,15 @@ import pytest
 import zmq
 from dms_messages import message
 
-from pipelines.dms.config import Mode
+from pipelines.dms.config.kinds import Mode
 from pipelines.dms.openpilot.events import DRIVER_STATE, STATUS, read_events
-from pipelines.dms.publish import AddressInUse, CerealSocket, cereal_port, open_cereal_sockets
-from pipelines.dms.sinks_cereal import cereal_address
+from pipelines.dms.sinks.cereal import (
+    CerealSocket,
+    cereal_address,
+    cereal_port,
+    open_cereal_sockets,
+)
+from pipelines.dms.sinks.zmq import AddressInUse
 
 pytestmark = [pytest.mark.timeout(60)]
 

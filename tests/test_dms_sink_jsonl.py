@@ -12,13 +12,9 @@ from dms_messages import RUN_ID, message
 from sink_checks import assert_exact
 
 from aio_runtime.testing import virtual_time
-from pipelines.dms.config import Mode
-from pipelines.dms.publish import (
-    LIVE_BACKLOG,
-    JsonLinesSink,
-    ReaderClosed,
-    SinkFailed,
-)
+from pipelines.dms.config.kinds import Mode
+from pipelines.dms.sinks.base import LIVE_BACKLOG, ReaderClosed, SinkFailed
+from pipelines.dms.sinks.jsonl import JsonLinesSink
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

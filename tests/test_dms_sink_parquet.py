@@ -20,12 +20,13 @@ import pytest
 from dms_messages import message
 from sink_checks import assert_exact, fill_disk
 
-from pipelines.dms.config import Mode
+from pipelines.dms.config.kinds import Mode
 from pipelines.dms.openpilot.compare import flatten
-from pipelines.dms.publish import ParquetSink, SinkFailed
-from pipelines.dms.sinks_parquet import (
+from pipelines.dms.sinks.base import SinkFailed
+from pipelines.dms.sinks.parquet import (
     DRIVER_COLUMNS,
     PARQUET_COLUMNS,
+    ParquetSink,
     _ParquetStream,
     parquet_schema,
     partial_path,
@@ -343,7 +344,7 @@ LEAN_IMPORT = textwrap.dedent(
     import sys
     sys.path.insert(0, "tests")
     import pipelines.dms
-    from pipelines.dms.publish import ParquetSink
+    from pipelines.dms.sinks.publish import ParquetSink
     from pipelines.dms.service import DmsService
     sink = ParquetSink(sys.argv[1], recording="drive")
     print("pyarrow" in sys.modules)

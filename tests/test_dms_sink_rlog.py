@@ -18,11 +18,11 @@ import zstandard
 from dms_messages import message
 from sink_checks import assert_exact, fill_disk
 
-from pipelines.dms.config import Mode
-from pipelines.dms.openpilot.events import DRIVER_STATE, STATUS, read_events
+from pipelines.dms.config.kinds import Mode
+from pipelines.dms.openpilot.events import DRIVER_STATE, STATUS, events_of, read_events
 from pipelines.dms.openpilot.logs import BZ2_MAGIC, ZSTD_MAGIC, read_log, read_log_bytes
-from pipelines.dms.publish import LIVE_BACKLOG, RlogSink, SinkFailed
-from pipelines.dms.sinks_rlog import _Bz2Stream, _ZstdStream
+from pipelines.dms.sinks.base import LIVE_BACKLOG, SinkFailed
+from pipelines.dms.sinks.rlog import RlogSink, _Bz2Stream, _ZstdStream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -68,7 +68,7 @@ async def test_a_replay_writes_every_message_as_its_events_in_order(tmp_path, na
     assert (stats.published, stats.delivered, stats.dropped) == (300, 300, 0)
     assert_exact(stats)
     # The very bytes of each message's Events, concatenated in order: nothing lost or reordered.
-    assert read_log_bytes(path) == b"".join(e for item in sent for _, e in item.to_events())
+    assert read_log_bytes(path) == b"".join(e for item in sent for _, e in events_of(item))
     events = list(read_log(path))
     assert seqs_in(events) == list(range(300))
     assert [e.logMonoTime for e in events if e.which() == STATUS] == [
@@ -88,7 +88,7 @@ def test_the_name_decides_the_compression(tmp_path, name, magic, compression):
     raw = (tmp_path / name).read_bytes()
     assert sink.compression == compression and raw.startswith(magic)
     if compression is None:
-        assert raw == b"".join(e for _, e in message(0).to_events())
+        assert raw == b"".join(e for _, e in events_of(message(0)))
 
 
 def test_a_zstd_log_is_one_stream_whose_frame_ends_at_close(tmp_path):
@@ -220,7 +220,7 @@ KILLED_WRITER = textwrap.dedent(
     import dataclasses, sys, time
     sys.path.insert(0, "tests")
     from dms_messages import message
-    from pipelines.dms.publish import RlogSink
+    from pipelines.dms.sinks.publish import RlogSink
 
     sink = RlogSink(sys.argv[1])
     seq = 0
@@ -297,5 +297,5 @@ def test_messages_are_encoded_once_for_every_sink_that_asks(monkeypatch):
     encode = events.encode
     monkeypatch.setattr(events, "encode", lambda item: calls.append(item) or encode(item))
     sent = message(3)
-    assert sent.to_events() is sent.to_events() and len(calls) == 1
-    assert [member for member, _ in sent.to_events()] == [DRIVER_STATE, STATUS]
+    assert events.events_of(sent) is events.events_of(sent) and len(calls) == 1
+    assert [member for member, _ in events.events_of(sent)] == [DRIVER_STATE, STATUS]

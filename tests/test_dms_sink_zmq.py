@@ -17,9 +17,9 @@ import zmq
 from dms_messages import message
 from zmq.utils.monitor import recv_monitor_message
 
-from pipelines.dms.config import Mode
-from pipelines.dms.publish import TOPIC, AddressInUse, ZmqSink, check_zmq_address
-from pipelines.dms.sinks_zmq import MAX_SUBSCRIBERS
+from pipelines.dms.config.kinds import Mode
+from pipelines.dms.config.values import check_zmq_address
+from pipelines.dms.sinks.zmq import MAX_SUBSCRIBERS, TOPIC, AddressInUse, ZmqSink
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -392,7 +392,11 @@ def _greeting_only(address: str) -> sockets.socket:
     the publisher's READY: admitted, its handshake not finished (it never sends its own READY)."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     peer = sockets.create_connection((host, int(port)), timeout=BOUND)
-    signature, version, mechanism = b"\xff" + bytes(8) + b"\x7f", b"\x03\x00", b"NULL".ljust(20, b"\0")
+    signature, version, mechanism = (
+        b"\xff" + bytes(8) + b"\x7f",
+        b"\x03\x00",
+        b"NULL".ljust(20, b"\0"),
+    )
     peer.sendall(signature + version + mechanism + bytes(32))  # as-server 0, then the filler
     received = b""
     while b"READY" not in received:

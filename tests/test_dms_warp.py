@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.dms.warp import (
+from pipelines.dms.model.warp import (
     BORDER_VALUE,
     DM_INTRINSICS,
     MODEL_INPUT_HEIGHT,

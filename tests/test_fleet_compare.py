@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from fleet_runs import frames, varied_recording, write_run
 
+from pipelines.cli import fleet_compare as compare_command_module
 from pipelines.cli import main
-from pipelines.dms.fleet import compare_command as compare_command_module
+from pipelines.cli.fleet_compare import compare_command
 from pipelines.dms.fleet.compare import (
     COMPARISON_FILES,
     FIELD_COLUMNS,
@@ -24,14 +25,9 @@ from pipelines.dms.fleet.compare import (
     read_comparison,
     write_comparison,
 )
-from pipelines.dms.fleet.compare_command import compare_command
+from pipelines.dms.model.reference import build_reference_model, build_shifted_model, write_model
 from pipelines.dms.openpilot.policy import DECISIONS
-from pipelines.dms.reference_model import (
-    build_reference_model,
-    build_shifted_model,
-    write_model,
-)
-from pipelines.dms.sinks_parquet import DRIVER_COLUMNS
+from pipelines.dms.sinks.parquet import DRIVER_COLUMNS
 from pipelines.exit_codes import ExitCode
 
 pytestmark = pytest.mark.timeout(120)

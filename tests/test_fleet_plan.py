@@ -21,9 +21,9 @@ from pipelines.dms.fleet import (
 )
 from pipelines.dms.fleet.layout import recording_directory, replay_settings
 from pipelines.dms.fleet.summary import percentiles, recording_summary
-from pipelines.dms.recording import FILE_MAGIC
-from pipelines.dms.reference_model import build_reference_model, write_model
-from pipelines.dms.sinks_parquet import parquet_schema
+from pipelines.dms.frames.recording import FILE_MAGIC
+from pipelines.dms.model.reference import build_reference_model, write_model
+from pipelines.dms.sinks.parquet import parquet_schema
 
 CONFIG = fleet_config()
 

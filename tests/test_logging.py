@@ -132,7 +132,7 @@ def test_bad_arguments_are_rejected_even_when_already_configured():
 
 def test_unconfigured_the_runtimes_loggers_write_nothing_at_all(capfd):
     with unconfigured_logging():
-        for name in ("aio_runtime.health", "transports.gpu.session", "pipelines.dms.sinks_jsonl"):
+        for name in ("aio_runtime.health", "transports.gpu.session", "pipelines.dms.sinks.jsonl"):
             log = get_logger(name)
             log.info("an event")
             log.warning("a warning")  # Python's last-resort handler would print this one

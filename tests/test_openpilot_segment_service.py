@@ -20,7 +20,7 @@ from test_openpilot_segments import BAD_SEGMENTS
 from aio_runtime import Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.cli import main
-from pipelines.dms.config import ServiceConfig
+from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.service import DmsService, StartupError
 from pipelines.exit_codes import ExitCode
 
@@ -134,7 +134,7 @@ def test_a_segment_whose_video_breaks_mid_way_is_a_camera_that_failed(tmp_path, 
 
 
 def test_aio_dms_record_records_a_segment_with_the_log_s_frame_ids(tmp_path, capsys):
-    from pipelines.dms.recording_reader import RecordingReader
+    from pipelines.dms.frames.recording_reader import RecordingReader
 
     built = build_segment(tmp_path / "route--0", frames=5, dropped={1})
     out = tmp_path / "out.dmsrec"

@@ -204,10 +204,10 @@ def test_without_the_dms_extra_version_help_and_demo_still_work(not_installed, c
 
 
 def test_a_module_of_the_project_that_fails_to_import_is_no_missing_extra(not_installed):
-    broken = not_installed("pipelines.dms.endpoints")
+    broken = not_installed("pipelines.dms.service.endpoints")
     with pytest.raises(ModuleNotFoundError) as error:
         broken.main(["run", "--frames", "1"])
-    assert error.value.name == "pipelines.dms.endpoints"
+    assert error.value.name == "pipelines.dms.service.endpoints"
 
 
 def test_report_without_matplotlib_names_what_is_missing_and_what_to_install(

@@ -8,7 +8,7 @@ import pytest
 
 from aio_runtime import Availability
 from aio_runtime.testing import TransitionRecorder, threads_busy, virtual_time
-from pipelines.dms.config import ServiceConfig
+from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.service import DmsService
 
 

@@ -11,8 +11,8 @@ import pytest
 from report_runs import GPU_HANG, lines, ok
 
 from pipelines.cli import main
+from pipelines.cli.report import CAPTIONS, write_report
 from pipelines.dms.report import analyse, read_messages
-from pipelines.dms.report.command import CAPTIONS, write_report
 from pipelines.exit_codes import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,9 +12,9 @@ from rich.console import Console
 from test_dms_service_io import cabin_recording
 
 from pipelines.cli import main
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.run_progress import ProgressDisplay, follow_progress, progress_console
+from pipelines.cli.progress import ProgressDisplay, follow_progress, progress_console
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.synthetic import SyntheticCamera
 from pipelines.dms.service import DmsService
 from pipelines.exit_codes import ExitCode
 

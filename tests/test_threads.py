@@ -359,7 +359,7 @@ def test_a_real_time_priority_this_process_may_not_take_is_said_not_taken(monkey
     monkeypatch.setattr(os, "sched_setscheduler", lambda pid, policy, param: refused(policy))
     failure = can_run_realtime(3)
     assert isinstance(failure, PermissionError)
-    from pipelines.dms.config import ServiceConfig
+    from pipelines.dms.config.settings import ServiceConfig
 
     with pytest.raises(ValueError, match=r"^realtime 3: this process may not run threads at a"):
         ServiceConfig(realtime=3, health_port=None).check_environment()

@@ -1,28 +1,21 @@
 """The driver-monitoring (DMS) service: cabin camera -> warp -> model -> decode -> publish.
 
 Implements openpilot's DMS chain (``dmonitoringmodeld``) on the runtime core, under per-frame
-deadlines, with an honest availability state. Modules:
+deadlines, with an honest availability state. The folders, in the chain's order:
 
-- ``camera``, ``camera_sources``, ``camera_video``, ``camera_replay`` (with ``recording``,
-  ``recording_reader``): frames (NV12), the cabin cameras, and the synthetic, video-file and
-  replay sources, and recordings; ``openpilot.segments`` (with ``openpilot.segment_log``):
-  openpilot's route segments as a camera;
-- ``warp``: the model's input image, as openpilot warps it;
-- ``model``, ``model_metadata`` (with ``metadata_limits``, ``metadata_pickle``), ``model_runner``,
-  ``reference_model``: the model contract (its metadata read within limits), the bundled reference
-  model, onnxruntime on the CPU;
-- ``accelerator``: the model on the simulated accelerator (through ``transports``);
-- ``decode``: outputs to the driverStateV2 fields, validated;
-- ``messages``, ``publish`` (with ``sinks_policy``, ``sinks_memory``, ``sinks_file``,
-  ``sinks_jsonl``, ``sinks_rlog``, ``sinks_zmq`` and its ``sinks_zmq_gate``, ``sinks_cereal``):
-  the published message and its sinks, each with its policy per mode;
-- ``channels``: the slots between stages (latest-frame-wins live, hand-off replaying) and the
-  frame accounting rule;
-- ``endpoints``: health and metrics over HTTP;
-- ``config`` (with ``config_kinds``, ``config_values``): every setting, declared once;
-- ``faults``: scripted faults; ``service``: the service; ``run`` (with ``run_summary``,
-  ``run_progress``): ``aio-dms run`` and ``replay``; ``run_record``: ``aio-dms record``;
-- ``report``: ``aio-dms report``, pictures of a run; ``metrics``: the service's Prometheus series.
+- ``frames``: frames (NV12) and every source of them: synthetic, a video file, a recording, an
+  openpilot route segment;
+- ``model``: what the model takes and gives: its contract and metadata, the reference model, the
+  warp to its input and the decode of its output;
+- ``backends``: where the model runs: onnxruntime on the CPU, or the (simulated) accelerator;
+- ``sinks``: where the messages go: subscriptions, files (JSON lines, rlog, Parquet), ZeroMQ and
+  cereal sockets;
+- ``service``: the chain itself, its availability, health and metrics;
+- ``fleet`` and ``report``: replays of many recordings on Ray, and pictures of a run.
+
+``config`` (every setting, declared once), ``openpilot`` (openpilot's formats), ``messages``
+(the published message) and ``summary`` (a run's summary) are the shared vocabulary; the
+``aio-dms`` commands are :mod:`pipelines.cli`'s.
 
 What an embedding application needs is exported here, ``from pipelines.dms import DmsService,
 ServiceConfig, ...``; each name is imported from its module when first asked for, so importing
@@ -35,20 +28,21 @@ import typing
 if typing.TYPE_CHECKING:
     from aio_runtime import Availability, AvailabilityState, Reason, Transition
 
-    from .camera import Frame
-    from .camera_replay import ReplayCamera
-    from .camera_sources import CalibrationSample, FrameSource
-    from .camera_synthetic import SyntheticCalibration, SyntheticCamera
-    from .camera_video import VideoFileCamera
-    from .config import CameraFile, DeviceKind, Mode, ServiceConfig, Synthetic
-    from .endpoints import HealthState
-    from .faults import FaultSpec, parse_faults
+    from .backends.link import TransportOpener
+    from .config.faults import FaultSpec, parse_faults
+    from .config.kinds import CameraFile, DeviceKind, Mode, Synthetic
+    from .config.settings import ServiceConfig
+    from .frames.frame import Frame
+    from .frames.recording import record_frames
+    from .frames.replay import ReplayCamera
+    from .frames.segment import SegmentCamera
+    from .frames.source import CalibrationSample, FrameSource
+    from .frames.synthetic import SyntheticCalibration, SyntheticCamera
+    from .frames.video import VideoFileCamera
     from .messages import DriverStateV2
-    from .openpilot.segments import SegmentCamera
-    from .publish import SubscriptionStalled
-    from .recording import record_frames
     from .service import BoundEndpoints, DmsService, StartupError, Summary
-    from .service._backends import TransportOpener
+    from .service.endpoints import HealthState
+    from .sinks.base import SubscriptionStalled
 
 __all__ = [
     "Availability",
@@ -83,20 +77,21 @@ __all__ = [
 
 _HOMES = {
     "aio_runtime": ("Availability", "AvailabilityState", "Reason", "Transition"),
-    ".camera": ("Frame",),
-    ".camera_replay": ("ReplayCamera",),
-    ".recording": ("record_frames",),
-    ".camera_sources": ("CalibrationSample", "FrameSource"),
-    ".camera_synthetic": ("SyntheticCalibration", "SyntheticCamera"),
-    ".camera_video": ("VideoFileCamera",),
-    ".config": ("CameraFile", "DeviceKind", "Mode", "ServiceConfig", "Synthetic"),
-    ".endpoints": ("HealthState",),
-    ".faults": ("FaultSpec", "parse_faults"),
+    ".frames.frame": ("Frame",),
+    ".frames.replay": ("ReplayCamera",),
+    ".frames.recording": ("record_frames",),
+    ".frames.source": ("CalibrationSample", "FrameSource"),
+    ".frames.synthetic": ("SyntheticCalibration", "SyntheticCamera"),
+    ".frames.video": ("VideoFileCamera",),
+    ".config.kinds": ("CameraFile", "DeviceKind", "Mode", "Synthetic"),
+    ".config.settings": ("ServiceConfig",),
+    ".service.endpoints": ("HealthState",),
+    ".config.faults": ("FaultSpec", "parse_faults"),
     ".messages": ("DriverStateV2",),
-    ".openpilot.segments": ("SegmentCamera",),
-    ".publish": ("SubscriptionStalled",),
+    ".frames.segment": ("SegmentCamera",),
+    ".sinks.base": ("SubscriptionStalled",),
     ".service": ("BoundEndpoints", "DmsService", "StartupError", "Summary"),
-    ".service._backends": ("TransportOpener",),
+    ".backends.link": ("TransportOpener",),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -44,9 +44,9 @@ import datetime
 import functools
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -60,6 +60,8 @@ __all__ = [
     "new_run_id",
     "readiness_record",
 ]
+
+_Encoded = TypeVar("_Encoded")
 
 DRIVER_FIELDS = (
     "faceOrientation",
@@ -207,17 +209,17 @@ class DriverStateV2:
     def _json(self) -> str:
         return json.dumps(self.to_record(), separators=(",", ":"), allow_nan=False)
 
-    def to_events(self) -> tuple[tuple[str, bytes], ...]:
-        """The message as openpilot's cereal Events, (member, bytes) each
-        (:func:`pipelines.dms.openpilot.events.encode`: ``driverStateV2`` for a frame, then
-        ``dmsStatus``), encoded once however many sinks ask for them. Needs pycapnp."""
-        return self._events
+    def encoded(self, encoder: Callable[[DriverStateV2], _Encoded]) -> _Encoded:
+        """What ``encoder`` makes of the message, made once however many sinks ask for it (a
+        format's own module names its encoder: :func:`pipelines.dms.openpilot.events.events_of`)."""
+        made = self._encodings
+        if encoder not in made:
+            made[encoder] = encoder(self)
+        return cast(_Encoded, made[encoder])
 
     @functools.cached_property
-    def _events(self) -> tuple[tuple[str, bytes], ...]:
-        from .openpilot.events import encode  # pycapnp is loaded only where Events are asked for
-
-        return tuple(encode(self))
+    def _encodings(self) -> dict[Callable[[DriverStateV2], object], object]:
+        return {}
 
 
 def _driver(data: Mapping[str, Any] | None) -> dict[str, Any] | None:

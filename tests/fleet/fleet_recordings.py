@@ -6,8 +6,8 @@ from pathlib import Path
 
 import anyio
 
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.recording import FrameRecorder
+from pipelines.dms.frames.recording import FrameRecorder
+from pipelines.dms.frames.synthetic import SyntheticCamera
 
 FRAME_INTERVAL_NS = 50_000_000
 """20 Hz, a cabin camera's rate."""

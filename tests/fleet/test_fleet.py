@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.dms.config import CameraFile, DeviceKind, Mode, ServiceConfig
+from pipelines.dms.config.kinds import CameraFile, DeviceKind, Mode
+from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.fleet import (
     ClusterError,
     FleetCluster,
@@ -29,10 +30,10 @@ from pipelines.dms.fleet import (
     run_fleet,
 )
 from pipelines.dms.fleet.processes import descendants
+from pipelines.dms.model.reference import build_reference_model, build_shifted_model, write_model
 from pipelines.dms.openpilot.policy import WHEEL_ON_RIGHT_THRESHOLD
-from pipelines.dms.reference_model import build_reference_model, build_shifted_model, write_model
 from pipelines.dms.service import DmsService
-from pipelines.dms.sinks_parquet import DRIVER_COLUMNS, partial_path
+from pipelines.dms.sinks.parquet import DRIVER_COLUMNS, partial_path
 
 pytestmark = pytest.mark.timeout(180)
 

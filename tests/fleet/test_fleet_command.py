@@ -19,7 +19,7 @@ from conftest import cluster_address
 
 from pipelines.dms.fleet import RunDirectory
 from pipelines.dms.fleet.processes import alive, descendants
-from pipelines.dms.sinks_parquet import partial_path
+from pipelines.dms.sinks.parquet import partial_path
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,9 @@ import sys
 import threading
 
 _AT = os.environ.get("AIO_DMS_SIGNAL_AT", "")
-_SIGNALS = [signal.Signals[name] for name in os.environ.get("AIO_DMS_SIGNALS", "").split(",") if name]
+_SIGNALS = [
+    signal.Signals[name] for name in os.environ.get("AIO_DMS_SIGNALS", "").split(",") if name
+]
 
 
 def _send_all() -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from pipelines.dms.accelerator_sim import simulated_device
-from pipelines.dms.camera_synthetic import SyntheticCamera
-from pipelines.dms.config import ServiceConfig
-from pipelines.dms.model_runner import OnnxRunner
-from pipelines.dms.reference_model import reference_model_path
+from pipelines.dms.backends.cpu import OnnxRunner
+from pipelines.dms.backends.sim import simulated_device
+from pipelines.dms.config.settings import ServiceConfig
+from pipelines.dms.frames.synthetic import SyntheticCamera
+from pipelines.dms.model.reference import reference_model_path
+from pipelines.dms.model.warp import MODEL_INPUT_SIZE
 from pipelines.dms.service import DmsService
-from pipelines.dms.warp import MODEL_INPUT_SIZE
 from transports.sim.server import SimServer
 from transports.sim.umockdev import EmulatedBridge
 from transports.usb.libusb_backend import LibusbContext, open_bridge

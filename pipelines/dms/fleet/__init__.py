@@ -1,6 +1,6 @@
 """Fleet replays: the DMS service's replay mode over many recordings on a Ray cluster.
 
-``aio-dms fleet INPUTS... --out DIR`` (:mod:`.command`) finds the recordings (:mod:`.inputs`),
+``aio-dms fleet INPUTS... --out DIR`` (:mod:`pipelines.cli.fleet`) finds the recordings (:mod:`.inputs`),
 plans the run in its directory (:mod:`.plan`, :mod:`.layout`: new, or resumed), has a cluster
 (:mod:`.cluster`), and drives its workers (:mod:`.driver`: Ray actors, :mod:`.worker`), each
 replaying one recording at a time to its frames file; the summaries are :mod:`.summary`'s.

@@ -5,7 +5,7 @@ the candidate, B — and joins their rows on (``recording``, ``frameId``). A fra
 only is counted for its recording, not compared; a frame is *compared* when both runs have driver
 data for it. Over the compared frames:
 
-- per driver column (:data:`~pipelines.dms.sinks_parquet.DRIVER_COLUMNS`), the differences
+- per driver column (:data:`~pipelines.dms.sinks.parquet.DRIVER_COLUMNS`), the differences
   d = B - A: their count, mean, mean |d|, the 50th, 90th and 99th percentiles of |d| (the smallest
   |d| that that share of the frames do not exceed), the largest |d|, and a histogram of d
   (:data:`HISTOGRAM_BINS` equal bins from -max |d| to +max |d|). A difference that is not finite
@@ -43,7 +43,7 @@ import numpy.typing as npt
 from ..messages import DRIVER_FIELDS
 from ..openpilot.compare import SIDES
 from ..openpilot.policy import DECISIONS, WHEEL_ON_RIGHT_THRESHOLD, decision_arrays
-from ..sinks_parquet import DRIVER_COLUMNS
+from ..sinks.parquet import DRIVER_COLUMNS
 from ._compare_tables import (
     COMPARISON_FILES,
     FIELD_COLUMNS,

@@ -32,7 +32,7 @@ from typing import Any
 
 from aio_runtime import get_logger
 
-from ..run_summary import utc_now
+from ..summary import utc_now
 from .cluster import ClusterError, FleetCluster, local_cpus
 from .outputs import FleetResult, Replayed, run_document, write_outputs
 from .plan import FleetPlan

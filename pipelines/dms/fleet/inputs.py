@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..frames.recording import FILE_MAGIC
 from ..openpilot.segment_log import VIDEO_NAME
-from ..recording import FILE_MAGIC
 
 __all__ = ["LIST_SUFFIX", "VIDEO_SUFFIXES", "Recording", "find_recordings"]
 

@@ -6,7 +6,7 @@
                                            summary and the fleet's (written at the start, and
                                            again as it ends, however it ends)
     OUT/recordings.parquet                 one row per recording: its summary (as it ends)
-    OUT/frames/<recording>/part-0.parquet  one row per frame (:mod:`~..sinks_parquet`); the
+    OUT/frames/<recording>/part-0.parquet  one row per frame (:mod:`~..sinks.parquet`); the
                                            directory is the recording's name, quoted
                                            (:func:`recording_directory`); the file is
                                            there only once the recording was replayed whole
@@ -31,9 +31,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ..config import ServiceConfig
-from ..reference_model import reference_model_path
-from ..run_summary import write_json_document
+from ..config.settings import ServiceConfig
+from ..model.reference import reference_model_path
+from ..summary import write_json_document
 from .run_frames import FRAMES_DIR
 
 __all__ = [

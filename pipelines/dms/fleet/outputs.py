@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..run_summary import utc_now
+from ..summary import utc_now
 from .compare import FleetComparison, compare_runs, write_comparison
 from .layout import LAYOUT_VERSION
 from .plan import FleetPlan

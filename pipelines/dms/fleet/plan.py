@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DeviceKind, Mode, ServiceConfig
-from ..sinks_parquet import ROW_GROUP
+from ..config.kinds import DeviceKind, Mode
+from ..config.settings import ServiceConfig
+from ..sinks.parquet import ROW_GROUP
 from .inputs import Recording
 from .layout import RunDirectory, replay_settings
 from .summary import RecordingSummary, recording_summary

@@ -1,8 +1,8 @@
 """The frames of a fleet run directory: its Parquet files found, checked and read.
 
 A fleet run directory ``RUN`` holds ``RUN/frames/<recording>/part-0.parquet``, one file per
-recording, each written by :class:`~pipelines.dms.sinks_parquet.ParquetSink` (its columns,
-:data:`~pipelines.dms.sinks_parquet.PARQUET_COLUMNS`). The directory names are the recordings'
+recording, each written by :class:`~pipelines.dms.sinks.parquet.ParquetSink` (its columns,
+:data:`~pipelines.dms.sinks.parquet.PARQUET_COLUMNS`). The directory names are the recordings'
 names quoted, but the ``recording`` column of each row is what says which recording a row is of;
 names are never parsed. Hidden files and directories (a ``.part-0.parquet.partial`` left by an
 interrupted recording) are not read.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...extras import FLEET_EXTRA
-from ..sinks_parquet import parquet_schema
+from ..sinks.parquet import parquet_schema
 
 __all__ = ["FRAMES_DIR", "frame_files", "is_run_directory", "read_frames"]
 

@@ -6,7 +6,7 @@ gives it, as the service runs in a car — the same stages, the same bounded wai
 backpressure and its typed failures —, with the health endpoint off and no CPUs of its own
 (the model's thread is not placed: two workers on one machine would share the CPUs placed).
 
-A replay writes its rows to the recording's frames file (:mod:`~..sinks_parquet`: whole or none)
+A replay writes its rows to the recording's frames file (:mod:`~..sinks.parquet`: whole or none)
 and returns its summary (:mod:`.summary`): ``complete``, or ``failed`` with the reason — the
 service refused to start on it (a recording that is not one, a segment without its log), the
 camera failed as it was read (a damaged frame), or its rows could not all be written. Only this
@@ -24,9 +24,10 @@ from typing import Any
 
 import anyio
 
-from ..config import CameraFile, Mode, ServiceConfig
+from ..config.kinds import CameraFile, Mode
+from ..config.settings import ServiceConfig
 from ..service import DmsService, StartupError
-from ..sinks_parquet import ROW_GROUP
+from ..sinks.parquet import ROW_GROUP
 from .summary import RecordingSummary, failed_summary, recording_summary
 
 __all__ = ["ReplayTask", "ReplayWorker", "WorkerProgress"]

@@ -40,6 +40,7 @@ __all__ = [
     "EventError",
     "encode",
     "event_valid",
+    "events_of",
     "read_events",
     "schema",
 ]
@@ -85,6 +86,15 @@ def encode(message: DriverStateV2) -> list[tuple[str, bytes]]:
         events.append((DRIVER_STATE, _driver_state(message).to_bytes()))
     events.append((STATUS, _status(message).to_bytes()))
     return events
+
+
+def events_of(message: DriverStateV2) -> tuple[tuple[str, bytes], ...]:
+    """:func:`encode`'s Events of ``message``, encoded once however many sinks ask for them."""
+    return message.encoded(_encoded)
+
+
+def _encoded(message: DriverStateV2) -> tuple[tuple[str, bytes], ...]:
+    return tuple(encode(message))
 
 
 def _event(message: DriverStateV2) -> Any:

@@ -8,7 +8,7 @@ frames by kind, fault episodes with their detection and recovery times, a summar
 parts it is made of (:func:`publication_times`, :func:`starts_of_frame`, :func:`bands_of`,
 :func:`episodes_of`).
 :mod:`pipelines.dms.report.figures` draws it (matplotlib), and
-:mod:`pipelines.dms.report.command` is ``aio-dms report``, which writes the pictures and an
+:mod:`pipelines.cli.report` is ``aio-dms report``, which writes the pictures and an
 ``index.html``.
 """
 

@@ -11,13 +11,14 @@ as published valid, published invalid with a reason, or dropped and counted (C7)
 is reported to the service's policy, which says the service's availability (C6, C13).
 
 The parts, each owning one thing: the camera stage and its watchdog (``_camera``), a frame in
-flight (``_job``), the frame's path (``_stages``), how frames end (``_outcomes``), what each
-result means (``_policy``, with the rate it keeps up with, ``_rate``, and the host's load that
-says why it cannot, ``_host``), the model's device and its supervised sessions
-(``_device``, on the backends of ``_backends``; the accelerator's transports and probe in
-``_link``), starting up (``_startup``), calibration (``_calibration``), scripted faults
-(``_faults``), CPU placement (``_platform``). Every default lives in
-:class:`~pipelines.dms.config.ServiceConfig`.
+flight (``_job``) and the slots between stages (``slots``), the frame's path (``_stages``), how
+frames end (``_outcomes``), what each result means (``_policy``, with the rate it keeps up with,
+``_rate``, and the host's load that says why it cannot, ``_host``, which also places the model's
+thread), the model's device and its supervised sessions (``_device``, on
+:mod:`pipelines.dms.backends`), starting up (``_startup``), calibration (``_calibration``),
+scripted faults (``_faults``), health over HTTP (``endpoints``) and the Prometheus series
+(``metrics``). Every default lives in
+:class:`~pipelines.dms.config.settings.ServiceConfig`.
 """
 
 from __future__ import annotations
@@ -31,22 +32,22 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from aio_runtime import ExcInfo, Transition, realtime_threads
 
-from ..camera import Frame
-from ..camera_sources import CLOSE_BOUND, CalibrationSample, FrameSource, open_segment
-from ..camera_synthetic import SyntheticCalibration
-from ..config import CameraFile, CameraSpec, Mode, ServiceConfig
-from ..endpoints import HealthState, create_app
+from ..backends.link import TransportOpener
+from ..config.kinds import CameraFile, CameraSpec, Mode
+from ..config.settings import ServiceConfig
+from ..frames.frame import Frame
+from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource, open_segment
+from ..frames.synthetic import SyntheticCalibration
 from ..messages import DriverStateV2, readiness_record
-from ..publish import CerealSocket, ZmqSink
-from ..sinks_parquet import ROW_GROUP
-from ._backends import TransportOpener
+from ..sinks.cereal import CerealSocket
+from ..sinks.parquet import ROW_GROUP
+from ..sinks.zmq import ZmqSink
 from ._calibration import CalibrationState
 from ._camera import Camera
 from ._device import ModelDevice
 from ._faults import ServiceFaults
-from ._host import HostLoad
+from ._host import HostLoad, loop_kept_off
 from ._outcomes import FrameOutcomes, Summary
-from ._platform import loop_kept_off
 from ._policy import FramePolicy
 from ._stages import Decode, Model, Warp, Warpers, run_stages
 from ._startup import (
@@ -58,6 +59,7 @@ from ._startup import (
     serve_health,
     started_group,
 )
+from .endpoints import HealthState, create_app
 
 __all__ = ["BoundEndpoints", "DmsService", "StartupError", "Summary"]
 
@@ -291,7 +293,7 @@ class DmsService:
 
     async def _close_segment(self) -> None:
         """Close the route segment opened as the service started, if there is one (shielded,
-        within :data:`~pipelines.dms.camera_sources.CLOSE_BOUND`; closing twice is harmless)."""
+        within :data:`~pipelines.dms.frames.source.CLOSE_BOUND`; closing twice is harmless)."""
         if self._segment is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BOUND):
                 await self._segment.aclose()

@@ -15,8 +15,8 @@ import numpy as np
 
 from aio_runtime import Reason
 
-from ..camera_sources import CalibrationSample, closing
-from ..config_values import Calibration
+from ..config.text import Calibration
+from ..frames.source import CalibrationSample, closing
 
 __all__ = ["Calibrated", "CalibrationState"]
 

@@ -13,10 +13,10 @@ import anyio
 
 from aio_runtime import CameraTimeout, get_logger, now, wait_complete
 
-from ..camera import Frame
-from ..camera_recorded import RecordedSource
-from ..camera_sources import closing, open_camera
-from ..config import CameraFile, CameraSpec, Mode, Synthetic
+from ..config.kinds import CameraFile, CameraSpec, Mode, Synthetic
+from ..frames.frame import Frame
+from ..frames.recorded import RecordedSource
+from ..frames.source import closing, open_camera
 from ._faults import ServiceFaults
 from ._job import UNBUDGETED, FrameJob, JobSlot
 from ._outcomes import FrameOutcomes

@@ -24,10 +24,11 @@ import anyio.abc
 
 from aio_runtime import AvailabilityMachine, Backoff, Readiness, Supervisor
 
-from ..config import ServiceConfig
-from ..decode import Decoder
-from ..model import ModelContract
-from ._backends import Device, ModelBackend, TransportOpener, open_device, simulator_plan
+from ..backends.base import Device, ModelBackend, open_device, simulator_plan
+from ..backends.link import TransportOpener
+from ..config.settings import ServiceConfig
+from ..model.contract import ModelContract
+from ..model.decode import Decoder
 
 __all__ = ["DeviceSession", "ModelDevice"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from aio_runtime import get_logger
 from transports.sim import FaultPlan, FaultRule
 
-from ..faults import FaultSpec, ServiceFault
+from ..config.faults import FaultSpec, ServiceFault
 
 __all__ = ["ServiceFaults"]
 

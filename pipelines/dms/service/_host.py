@@ -1,4 +1,5 @@
-"""What the host did to the service: how long its CPU quota held it off, and how long its threads
+"""The host: CPU placement of the model's thread (:func:`loop_kept_off`), and what the host did to
+the service (:class:`HostLoad`): how long its CPU quota held it off, and how long its threads
 waited for a CPU — the evidence that tells a service *throttled* by its quota from one
 *out-competed* by other work, and both from work that simply takes longer than a frame period.
 
@@ -9,13 +10,22 @@ stay 0. Reading them is a few small ``/proc`` and ``/sys`` reads, done at most
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from aio_runtime import run_queue_wait
 
-__all__ = ["SAMPLE_EVERY", "SLOW_WORK", "HostLoad", "HostSample", "overload_cause"]
+__all__ = [
+    "SAMPLE_EVERY",
+    "SLOW_WORK",
+    "HostLoad",
+    "HostSample",
+    "loop_kept_off",
+    "overload_cause",
+]
 
 SAMPLE_EVERY = 0.5
 """Seconds between two samples of the host's load, at the most."""
@@ -103,3 +113,26 @@ def _cpu_stat_files() -> list[Path]:
             if stat.is_file():
                 found.append(stat)
     return found
+
+
+@contextlib.contextmanager
+def loop_kept_off(model_cpus: frozenset[int] | None) -> Iterator[frozenset[int] | None]:
+    """Keep the calling thread (the event loop's) off ``model_cpus`` inside the block, and give
+    back its CPUs after. Yields the CPUs left for the loop and the warp (None: no placement).
+
+    A model run the loop hands over to a worker thread is otherwise often started on the loop's
+    own CPU (the scheduler places a woken thread near its waker) and holds the loop off it for
+    milliseconds. Linux only; without model CPUs nothing is touched."""
+    if model_cpus is None:
+        yield None
+        return
+    loop_cpus = os.sched_getaffinity(0)
+    others = frozenset(loop_cpus - model_cpus) or None
+    if others is None:
+        yield None
+        return
+    os.sched_setaffinity(0, others)
+    try:
+        yield others
+    finally:
+        os.sched_setaffinity(0, loop_cpus)

@@ -9,9 +9,9 @@ import numpy as np
 
 from aio_runtime import Deadline, deadline_scope
 
-from ..camera import Frame
-from ..channels import Slot
+from ..frames.frame import Frame
 from ._calibration import Calibrated
+from .slots import Slot
 
 __all__ = ["UNBUDGETED", "FrameJob", "JobSlot"]
 

@@ -28,27 +28,22 @@ from aio_runtime import (
     now,
 )
 
-from ..camera_sources import clock_ns
-from ..channels import FrameAccounting
-from ..config import Mode
-from ..decode import DriverStateFields
+from ..config.kinds import Mode
+from ..frames.source import clock_ns
 from ..messages import DriverStateV2, new_run_id, readiness_record
-from ..metrics import DeviceFacts, Metrics
-from ..publish import (
-    JsonLinesSink,
-    ParquetSink,
-    ReaderClosed,
-    RlogSink,
-    SinkError,
-    Sinks,
-    SinkStats,
-    Subscriptions,
-    ZmqSink,
-    open_cereal_sockets,
-)
-from ..sinks_parquet import ROW_GROUP
+from ..model.decode import DriverStateFields
+from ..sinks.base import ReaderClosed, SinkError, SinkStats
+from ..sinks.cereal import open_cereal_sockets
+from ..sinks.jsonl import JsonLinesSink
+from ..sinks.memory import Subscriptions
+from ..sinks.parquet import ROW_GROUP, ParquetSink
+from ..sinks.publish import Sinks
+from ..sinks.rlog import RlogSink
+from ..sinks.zmq import ZmqSink
 from ._job import FrameJob
 from ._policy import FramePolicy, Verdict
+from .metrics import DeviceFacts, Metrics
+from .slots import FrameAccounting
 
 __all__ = ["FRAME_AGES_KEPT", "FrameOutcomes", "Summary"]
 

@@ -32,12 +32,11 @@ from aio_runtime import (
     wait_complete,
 )
 
-from ..camera import CABIN_CAMERAS, Frame
-from ..channels import HandoffSlot, LatestSlot, SlotClosed
-from ..config import Mode
-from ..model_runner import RunSuperseded
-from ..warp import MODEL_INPUT_SIZE, Warper
-from ._backends import Inference
+from ..backends.base import Inference
+from ..backends.cpu import RunSuperseded
+from ..config.kinds import Mode
+from ..frames.frame import CABIN_CAMERAS, Frame
+from ..model.warp import MODEL_INPUT_SIZE, Warper
 from ._calibration import CalibrationState
 from ._camera import Camera
 from ._device import DeviceSession, ModelDevice
@@ -45,6 +44,7 @@ from ._faults import ServiceFaults
 from ._job import UNBUDGETED, FrameJob, JobSlot
 from ._outcomes import FrameOutcomes
 from ._policy import STALE, FramePolicy
+from .slots import HandoffSlot, LatestSlot, SlotClosed
 
 __all__ = ["Decode", "Model", "Warp", "Warpers", "plan_warps", "run_stages"]
 

@@ -23,10 +23,10 @@ from starlette.applications import Starlette
 
 from aio_runtime import CameraTimeout, run_in_thread
 
-from ..config import ServiceConfig
-from ..endpoints import serve
+from ..config.settings import ServiceConfig
 from ._device import ModelDevice
 from ._stages import Warpers, plan_warps
+from .endpoints import serve
 
 # Imported with the service rather than on an application's event loop as the service starts:
 # anyio's asyncio backend, which anyio imports on its first call there (about 20 ms), and the
@@ -48,7 +48,7 @@ __all__ = [
 
 
 class StartupError(Exception):
-    """The service could not start. ``setting``: the :class:`~pipelines.dms.config.ServiceConfig`
+    """The service could not start. ``setting``: the :class:`~pipelines.dms.config.settings.ServiceConfig`
     field that changes it (None: no one setting does). The error behind it is its
     ``__cause__``."""
 
