@@ -107,7 +107,10 @@ def test_the_summary_document_says_what_the_run_did(tmp_path, capsys):
     assert frames["received"] == 30 == frames["published"] + frames["dropped"]
     assert frames["valid"] == sum(line["valid"] for line in lines)
     assert frames["published"] == len(lines) == frames["valid"] + frames["invalid"]
-    assert document["invalidByKind"]["invalid output"] == 3
+    nan = {10, 11, 12} & {
+        line["frameId"] for line in lines
+    }  # those published (a loaded host drops)
+    assert nan and document["invalidByKind"]["invalid output"] == len(nan)
     assert sum(document["invalidByKind"].values()) == frames["invalid"]
     ages = document["frameAgeMs"]
     assert 0 < ages["p50"] <= ages["p90"] <= ages["p99"] <= ages["max"]

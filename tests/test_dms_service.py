@@ -24,6 +24,20 @@ CPU = {"device": "cpu", "health_port": None, "calib": (0.0, 0.0, 0.0), "budget":
 tests whose subject is not the budget."""
 
 
+async def run_until(config: ServiceConfig, done, *, service=None, within: float = 60) -> list:
+    """The messages the service (``service``, or one of ``config``) published, up to and with the
+    first for which ``done(message)`` is true: however slow the host, the service runs until it
+    has said that (a bound of ``within`` seconds of the loop's clock)."""
+    messages = []
+    with anyio.fail_after(within):
+        async with service or DmsService(config) as running:
+            async for message in running.messages(backlog=1000):
+                messages.append(message)
+                if done(message):
+                    return messages
+    raise AssertionError(f"the service ended before it said so: {messages[-3:]}")
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -101,7 +115,8 @@ async def test_a_stale_frame_is_published_invalid_not_processed():
         )
     # two stale frames are no outage and no failure: the frames around them are valid
     assert all(m.availability != "unavailable" for m in by_frame.values() if m.frame_id > 5)
-    assert all(by_frame[f].valid for f in range(12, 30))
+    after = [by_frame[f] for f in range(12, 30) if f in by_frame]  # live: a loaded host drops some
+    assert after and all(m.valid for m in after)
     assert service.summary.frames.invalid["stale"] == 2
 
 
@@ -109,10 +124,9 @@ async def test_stale_or_non_finite_calibration_degrades_the_output():
     with pytest.raises(ValueError, match="3 finite numbers"):
         ServiceConfig(calib=(float("nan"), 0.0, 0.0))
     # the synthetic calibration stream is 4 Hz: with a 1 ms staleness limit it is always stale
-    config = ServiceConfig(device="cpu", health_port=None, frames=20, calib_stale_after=1e-3)
-    _, messages = await run(config)
+    config = ServiceConfig(**{**CPU, "calib": None}, calib_stale_after=1e-3)
+    messages = await run_until(config, lambda m: m.frame_id >= 0 and "calibration" in m.reason)
     assert messages and all(not m.valid for m in messages)
-    assert any("calibration" in m.reason for m in messages)
     assert all(m.availability != "available" for m in messages)
 
 
@@ -139,7 +153,10 @@ async def test_health_reports_unavailable_while_the_camera_is_stalled():
                 tg.cancel_scope.cancel()
     stalled = [ready for state, ready in states if state.startswith("unavailable(camera")]
     assert stalled and not any(stalled)
-    assert states[-1] == ("available", True)
+    final, ready = states[
+        -1
+    ]  # back once the camera is (degraded, where a loaded host falls behind)
+    assert ready and (final == "available" or final.startswith("degraded(overloaded"))
     # Every sink hears of the stall while it lasts (12 frames = 0.6 s; one status message per
     # 0.25 s stall period), not silence: status messages for no frame.
     status = [m for m in messages if m.frame_id == -1]
@@ -180,8 +197,10 @@ async def test_output_that_is_never_valid_is_unavailable_not_degraded_forever():
     nan = [m for m in messages if 10 <= m.frame_id < 40]
     unavailable = [m for m in nan if m.availability == "unavailable"]
     assert unavailable and all(m.reason.startswith("no valid output: ") for m in unavailable)
-    first = unavailable[0].frame_id  # the 10th frame in a row without output, at the latest
-    assert first <= 10 + config.unavailable_after - 1
+    # the 10th frame in a row published without output, at the latest (live, a loaded host drops
+    # some of the frames between)
+    assert nan.index(unavailable[0]) <= config.unavailable_after - 1
+    first = unavailable[0].frame_id
     before = [m for m in nan if m.frame_id < first]
     assert all(
         m.availability == "degraded" and m.reason.startswith("invalid output: ") for m in before
@@ -212,24 +231,19 @@ async def test_frames_in_flight_when_the_service_is_stopped_are_counted_as_dropp
 async def test_a_non_finite_calibration_sample_is_rejected_and_named():
     from pipelines.dms.frames.synthetic import SyntheticCalibration
 
-    config = ServiceConfig(device="cpu", health_port=None, frames=40, calib_stale_after=0.2)
+    config = ServiceConfig(**{**CPU, "calib": None}, calib_stale_after=0.2)
     calibration = SyntheticCalibration(rate=20.0, nan_at=range(3, 1000))  # NaN from sample 3 on
-    with anyio.fail_after(60):
-        async with DmsService(config, calibration=calibration) as service:
-            messages = []
+    ran = []  # the model ran: its task complete while the service was up
 
-            async def collect():
-                async for message in service.messages(backlog=1000):
-                    messages.append(message)
+    def rejected(message) -> bool:
+        ran.append(service.health().readiness["taskComplete"])
+        return message.frame_id >= 20 and "calibration rejected" in message.reason
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(collect)
-                await service.finished()
-                tg.cancel_scope.cancel()
+    service = DmsService(config, calibration=calibration)
+    messages = await run_until(config, rejected, service=service)
     late = [m for m in messages if m.frame_id >= 20]
     assert late and all(not m.valid for m in late)
-    assert any("calibration rejected" in m.reason for m in late)
-    assert service.health().readiness["taskComplete"] is True  # the model ran
+    assert any(ran)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
