@@ -20,7 +20,8 @@ import pytest
 from openpilot_segments import build_segment
 from report_runs import GPU_HANG, lines
 
-from pipelines.cli import _parser, main
+from pipelines import cli
+from pipelines.cli import build_parser, main
 from pipelines.cli.fleet_compare import compare_command, compare_parser
 from pipelines.dms.config.settings import ServiceConfig
 from pipelines.exit_codes import ExitCode
@@ -146,8 +147,11 @@ BAD_FIELDS: dict[str, list[object]] = {
 
 
 def _options(command: str) -> dict[str, argparse.Action]:
+    chosen = next(c for c in cli.COMMANDS if c.name == command)
     commands = next(
-        action for action in _parser()._actions if isinstance(action, argparse._SubParsersAction)
+        action
+        for action in build_parser(chosen)._actions
+        if isinstance(action, argparse._SubParsersAction)
     )
     parser = commands.choices[command]
     return {

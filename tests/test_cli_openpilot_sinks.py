@@ -13,7 +13,7 @@ import pytest
 import zmq
 from test_dms_service_io import cabin_recording
 
-from pipelines.cli import _parser, main
+from pipelines.cli import main, parse_args
 from pipelines.dms.openpilot.events import DRIVER_STATE, STATUS, read_events
 from pipelines.dms.openpilot.logs import read_log
 from pipelines.dms.sinks.cereal import cereal_port
@@ -113,10 +113,9 @@ def test_a_remote_cereal_host_is_refused_without_allow_remote(capsys):
 
 
 def test_the_cereal_host_is_loopback_when_left_out_and_as_given_otherwise():
-    parser = _parser()
-    bare = parser.parse_args(["run", "--cereal-zmq", "--frames", "3"])
-    given = parser.parse_args(["replay", "in.dmsrec", "--cereal-zmq", "::1"])
-    off = parser.parse_args(["run"])
+    bare = parse_args(["run", "--cereal-zmq", "--frames", "3"])
+    given = parse_args(["replay", "in.dmsrec", "--cereal-zmq", "::1"])
+    off = parse_args(["run"])
     assert (bare.cereal_zmq, given.cereal_zmq, off.cereal_zmq) == ("127.0.0.1", "::1", None)
 
 

@@ -15,7 +15,7 @@ from test_cli_stop import _source
 from test_dms_service_io import cabin_recording
 
 from pipelines import cli
-from pipelines.cli import _parser, main
+from pipelines.cli import main, parse_args
 from pipelines.cli.run import run
 from pipelines.dms.summary import SUMMARY_VERSION, RunSummaryRecord
 from pipelines.exit_codes import ExitCode
@@ -151,7 +151,7 @@ def test_the_summary_document_of_a_run_stopped_by_a_signal_has_what_it_did(
     path, summary = tmp_path / "in.dmsrec", tmp_path / "summary.json"
     cabin_recording(path, [0], 0)
     source = ["--camera", str(path)] if command == "run" else [str(path)]
-    args = _parser().parse_args([command, *source, *CPU, "--summary-json", str(summary)])
+    args = parse_args([command, *source, *CPU, "--summary-json", str(summary)])
     fixed = {"mode": "replay", "camera": str(path)} if command == "replay" else {}
     assert run(args, Stopping.install(), source=_source(stop_after=20), **fixed) == code
     document = json.loads(summary.read_text())

@@ -15,7 +15,7 @@ import pytest
 from test_cli_stop import _source
 from test_dms_service_io import cabin_recording
 
-from pipelines.cli import _parser, main
+from pipelines.cli import main, parse_args
 from pipelines.cli.run import run
 from pipelines.dms.frames.frame import Frame
 from pipelines.dms.frames.source import clock_ns
@@ -88,7 +88,7 @@ def test_a_replay_writes_one_row_per_frame_with_the_values_of_its_json_lines(tmp
 def test_an_interrupted_replay_leaves_no_file_and_says_where_its_rows_are(tmp_path, capsys):
     recording, out = tmp_path / "in.dmsrec", tmp_path / "out.parquet"
     cabin_recording(recording, [0], 0)
-    args = _parser().parse_args(["replay", str(recording), *CPU, "--parquet", str(out)])
+    args = parse_args(["replay", str(recording), *CPU, "--parquet", str(out)])
     stopping = Stopping.install()
     code = run(args, stopping, source=_source(stop_after=20), mode="replay", camera=str(recording))
     err = capsys.readouterr().err
@@ -111,7 +111,7 @@ async def _failing_source(frames: int):
 def test_a_replay_whose_input_fails_fails_and_leaves_no_file(tmp_path, capsys):
     recording, out = tmp_path / "in.dmsrec", tmp_path / "out.parquet"
     cabin_recording(recording, [0], 0)
-    args = _parser().parse_args(["replay", str(recording), *CPU, "--parquet", str(out)])
+    args = parse_args(["replay", str(recording), *CPU, "--parquet", str(out)])
     code = run(args, Stopping.install(), source=_failing_source(6), mode="replay",
                camera=str(recording))  # fmt: skip
     err = capsys.readouterr().err
@@ -133,7 +133,7 @@ async def _taking_the_path(path: Path):
 def test_a_file_put_at_the_output_meanwhile_is_kept_and_the_replay_fails(tmp_path, capsys):
     recording, out = tmp_path / "in.dmsrec", tmp_path / "out.parquet"
     cabin_recording(recording, [0], 0)
-    args = _parser().parse_args(["replay", str(recording), *CPU, "--parquet", str(out)])
+    args = parse_args(["replay", str(recording), *CPU, "--parquet", str(out)])
     code = run(args, Stopping.install(), source=_taking_the_path(out), mode="replay",
                camera=str(recording))  # fmt: skip
     err = capsys.readouterr().err

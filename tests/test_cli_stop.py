@@ -15,7 +15,7 @@ import pytest
 from test_dms_service_io import cabin_recording
 
 from pipelines import cli
-from pipelines.cli import _jsonl_on_stdout, _parser, main
+from pipelines.cli import _jsonl_on_stdout, main, parse_args
 from pipelines.cli.run import run
 from pipelines.dms.frames.frame import Frame
 from pipelines.dms.frames.source import clock_ns
@@ -72,7 +72,7 @@ def test_a_signal_before_the_service_starts_prints_the_summary_clear_of_the_json
     summary of a run that published nothing, on standard error when the JSON lines were to go
     to standard output."""
     if where == "parsing":
-        monkeypatch.setattr(cli, "_parser", _interrupt)
+        monkeypatch.setattr(cli, "build_parser", _interrupt)
     else:
         monkeypatch.setattr("pipelines.cli.run.DmsService", _interrupt)
     code = main(["run", *CPU, "--duration", "60", *jsonl])
@@ -89,7 +89,7 @@ def test_a_signal_before_the_service_starts_prints_the_summary_clear_of_the_json
 def test_a_signal_before_a_replay_starts_exits_130_and_other_commands_say_so_on_stderr(
     monkeypatch, capsys
 ):
-    monkeypatch.setattr(cli, "_parser", _interrupt)
+    monkeypatch.setattr(cli, "build_parser", _interrupt)
     assert main(["replay", "in.dmsrec", "--jsonl=-"]) == ExitCode.INTERRUPTED
     captured = capsys.readouterr()
     assert captured.out == "" and "summary (stopped: signal, before" in captured.err
@@ -115,7 +115,7 @@ def test_a_signal_before_a_replay_starts_exits_130_and_other_commands_say_so_on_
     ],
 )
 def test_the_json_lines_on_standard_output_are_read_from_the_words_as_the_parser_reads_them(words):
-    parsed = _parser().parse_args(["run", *words])
+    parsed = parse_args(["run", *words])
     assert _jsonl_on_stdout(words) == (parsed.jsonl == "-")
 
 
@@ -225,7 +225,7 @@ def test_a_signal_mid_run_ends_it_with_its_summary_and_the_tables_exit_code(
     path = tmp_path / "in.dmsrec"
     cabin_recording(path, [0], 0)
     argv = [command, *(["--camera", str(path)] if command == "run" else [str(path)]), *CPU]
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     fixed = {"mode": "replay", "camera": str(path)} if command == "replay" else {}
     result = run(args, Stopping.install(), source=_source(stop_after=20), **fixed)
     captured = capsys.readouterr()

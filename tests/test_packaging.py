@@ -23,6 +23,7 @@ import transports
 from aio_runtime import _version
 from pipelines import cli
 from pipelines.exit_codes import ExitCode
+from pipelines.extras import DMS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -151,7 +152,7 @@ def not_installed(monkeypatch: pytest.MonkeyPatch) -> Callable[..., ModuleType]:
     """``not_installed(*modules)``: from then on, importing any of ``modules`` fails as where it
     is not installed; returns ``pipelines.cli`` imported afresh, as is the DMS service when it
     imports it (so that they meet the failure). All of them are put back afterwards."""
-    for module in cli._DMS_MODULES:  # all that the check imports, so all is put back after it
+    for module in DMS.imports:  # all that the check imports, so all is put back after it
         importlib.import_module(module)
 
     def block(*modules: str) -> ModuleType:

@@ -132,8 +132,8 @@ def test_a_report_from_a_real_process_and_no_plotting_library_for_other_commands
     assert done.returncode == 0 and not done.stderr, done.stderr
     assert (tmp_path / "r" / "index.html").is_file()
     probe = (
-        "import sys\nfrom pipelines.cli import _parser\nimport pipelines.dms.report\n"
-        "_parser().parse_args(['report', 'x', '-o', 'y'])\n"
+        "import sys\nfrom pipelines.cli import parse_args\nimport pipelines.dms.report\n"
+        "parse_args(['report', 'x', '-o', 'y'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
     )
     loaded = subprocess.run(

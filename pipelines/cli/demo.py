@@ -14,6 +14,7 @@ Nothing is left allocated: the ledger is checked at the end. Takes about a secon
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import sys
@@ -47,7 +48,7 @@ from aio_runtime.testing import Reply, ScriptedFirmware
 from ..exit_codes import stopped_exit_code
 from ..stopping import Stopping
 
-__all__ = ["DemoDevice", "Plan", "Session", "main", "run_demo"]
+__all__ = ["DemoDevice", "Plan", "Session", "add_arguments", "main", "run_demo"]
 
 _log = get_logger(__name__)
 
@@ -184,7 +185,11 @@ async def run_demo() -> int:
     return 0 if availability.state.availability is Availability.AVAILABLE else 1
 
 
-def main(stopping: Stopping | None = None) -> int:
+def add_arguments(parser: argparse.ArgumentParser, command: str = "demo") -> None:
+    """``aio-dms demo`` takes no options."""
+
+
+def main(args: argparse.Namespace | None = None, stopping: Stopping | None = None) -> int:
     """The demonstration's exit code; stopped by a signal (through ``stopping``, the command
     line's), it ends at once: exit code 130."""
     if stopping is None:

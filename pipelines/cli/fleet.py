@@ -36,7 +36,7 @@ from ..echo import shown, shown_path
 from ..exit_codes import ExitCode
 from ..stopping import Stopping
 
-__all__ = ["FLEET_DEFAULTS", "FLEET_FIXED", "add_fleet_arguments", "fleet"]
+__all__ = ["FLEET_DEFAULTS", "FLEET_FIXED", "add_arguments", "main", "single_value_flags"]
 
 FLEET_FIXED = frozenset(
     {
@@ -56,9 +56,21 @@ _SHOWN = {
 }
 
 
-def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, command: str = "fleet") -> None:
     """``aio-dms fleet``'s arguments."""
     from .run import add_log_format, add_setting_arguments
+
+    parser.description = (
+        "Replay many recordings through the service's replay mode on a Ray cluster, into one "
+        "Parquet dataset (OUT/frames) with a summary a recording and for the fleet "
+        "(OUT/fleet.json, OUT/recordings.parquet). 'aio-dms fleet compare RUN_A RUN_B "
+        "[--out DIR]' compares two runs of the same recordings."
+    )
+    parser.epilog = (
+        "Exit codes: 0 every recording complete, 1 the outputs could not be written, 2 refused "
+        "before work started (a cluster that cannot be had included), 4 some recordings failed "
+        "(each with its reason), 130 stopped by a signal."
+    )
 
     defaults = FleetOptions(Path())
     parser.add_argument(
@@ -205,7 +217,15 @@ class _ProgressLine:
         self._progress.stop()
 
 
-def fleet(args: argparse.Namespace, stopping: Stopping) -> int:
+def single_value_flags() -> set[str]:
+    """The options that take one value (which may begin with ``-``): the service's, as
+    ``replay`` takes them."""
+    from .run import single_value_flags as service_flags
+
+    return service_flags()
+
+
+def main(args: argparse.Namespace, stopping: Stopping) -> int:
     """Run ``aio-dms fleet`` as ``args`` say; its exit code."""
     command = "aio-dms fleet"
     configure_logging(args.log_format)

@@ -27,19 +27,20 @@ from aio_runtime import configure_logging
 from ..dms.config.kinds import CameraSpec
 from ..dms.config.settings import ServiceConfig
 from ..dms.config.values import writable_file
+from ..dms.frames import open_camera, open_segment
 from ..dms.frames.frame import Frame
 from ..dms.frames.recording import record_frames
 from ..dms.frames.recording_reader import RecordingReader
-from ..dms.frames.source import FrameSource, closing, open_camera, open_segment
+from ..dms.frames.source import FrameSource, closing
 from ..echo import shown_path
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .progress import ProgressDisplay
 
-__all__ = ["add_record_arguments", "record"]
+__all__ = ["add_arguments", "main", "single_value_flags"]
 
 
-def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, command: str = "record") -> None:
     """``aio-dms record``'s options."""
     parser.add_argument(
         "--camera",
@@ -67,7 +68,12 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def record(args: argparse.Namespace, stopping: Stopping) -> int:
+def single_value_flags() -> set[str]:
+    """The options that take one value (which may begin with ``-``)."""
+    return {"--camera", "--frames", "--output", "--log-format"}
+
+
+def main(args: argparse.Namespace, stopping: Stopping) -> int:
     """Record as ``args`` say; a line on what was written; the exit code: 0 recorded (or the
     source ended first: it says so), 1 the camera failed, 2 refused before any frame was taken,
     130 stopped by a signal."""

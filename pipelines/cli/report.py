@@ -28,7 +28,17 @@ from ..exit_codes import ExitCode
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["CAPTIONS", "add_arguments", "check_output", "draw", "report", "write_report"]
+    from ..stopping import Stopping
+
+__all__ = [
+    "CAPTIONS",
+    "add_arguments",
+    "check_output",
+    "draw",
+    "main",
+    "single_value_flags",
+    "write_report",
+]
 
 CAPTIONS = {
     "timeline": "Availability over time",
@@ -39,7 +49,7 @@ CAPTIONS = {
 """Each picture's caption on the page, by name (``NAME.png``)."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, command: str = "report") -> None:
     """``aio-dms report``'s arguments."""
     from ..dms.config.settings import ServiceConfig
 
@@ -179,7 +189,12 @@ def _fleet_report(args: argparse.Namespace, command: str) -> int:
     return ExitCode.OK
 
 
-def report(args: argparse.Namespace) -> int:
+def single_value_flags() -> set[str]:
+    """The options that take one value (which may begin with ``-``)."""
+    return {"--output", "--budget", "--run"}
+
+
+def main(args: argparse.Namespace, stopping: Stopping | None = None) -> int:
     """``aio-dms report``: the exit code; the page's path on standard output, what was left out
     of the input on standard error."""
     command = "aio-dms report"

@@ -57,6 +57,7 @@ __all__ = [
     "add_setting_arguments",
     "config_from",
     "flag_of",
+    "main",
     "run",
     "single_value_flags",
 ]
@@ -68,7 +69,16 @@ _METAVARS: dict[Callable[[str], Any] | None, str] = {number: "SECONDS", integer:
 
 def add_arguments(parser: argparse.ArgumentParser, command: str = "run") -> None:
     """``aio-dms COMMAND``'s options: one per setting of the service that the command takes
-    (generated from its declaration, its default shown), and the log format."""
+    (generated from its declaration, its default shown), and the log format; ``replay``'s
+    ``INPUT`` first."""
+    if command == "replay":
+        parser.add_argument(
+            "input",
+            metavar="INPUT",
+            nargs="?",  # required: checked after parsing, to say what took it (see main)
+            help="a recording of ours, a video file, or an openpilot route segment directory "
+            "(its dcamera.hevc, with the frame ids and timestamps of its rlog)",
+        )
     add_setting_arguments(parser, command)
     add_log_format(parser)
     parser.add_argument(
@@ -262,6 +272,32 @@ def _ending(
     if summary.frames.valid == 0:
         return ExitCode.FAILED, None, "not one frame was valid"
     return ExitCode.OK, None, None
+
+
+def main(args: argparse.Namespace, stopping: Stopping) -> int:
+    """``aio-dms run`` or ``aio-dms replay INPUT``, as ``args`` say: the exit code."""
+    if args.command != "replay":
+        return run(args, stopping)
+    if args.input is None:
+        bare = next(d.bare for item, d in settings() if item.name == "cereal_zmq")
+        taken = getattr(args, "cereal_zmq", None)
+        hint = (
+            f" (--cereal-zmq took {taken!r} as its host: write --cereal-zmq=HOST, or put INPUT "
+            "before it)"
+            if taken not in (None, bare)
+            else ""
+        )
+        return _refused(f"INPUT is required{hint}")
+    if args.input == "synthetic":
+        return _refused(
+            "INPUT is a recording, a video file or a route segment, not the synthetic camera"
+        )
+    return run(args, stopping, camera=args.input, mode=Mode.REPLAY)
+
+
+def _refused(message: str) -> int:
+    print(f"aio-dms replay: {message}", file=sys.stderr)
+    return ExitCode.REFUSED
 
 
 def run(
