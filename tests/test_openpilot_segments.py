@@ -21,10 +21,11 @@ from test_dms_camera import workers_returned
 from aio_runtime import CameraTimeout, Ledger, use_ledger
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.dms.config.kinds import CameraFile
+from pipelines.dms.frames import open_camera
 from pipelines.dms.frames import segment as segments
 from pipelines.dms.frames.frame import nv12_layout
 from pipelines.dms.frames.segment import SegmentCamera
-from pipelines.dms.frames.source import clock_ns, open_camera
+from pipelines.dms.frames.source import clock_ns
 from pipelines.dms.openpilot.logs import LogError
 from pipelines.dms.openpilot.segment_log import SegmentError, segment_driver_states
 

@@ -26,8 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..frames.recording import FILE_MAGIC
-from ..openpilot.segment_log import VIDEO_NAME
+from ..frames import InputKind, classify
 
 __all__ = ["LIST_SUFFIX", "VIDEO_SUFFIXES", "Recording", "find_recordings"]
 
@@ -105,7 +104,7 @@ def _listed(path: Path) -> list[str]:
 
 
 def _is_segment(path: Path) -> bool:
-    return (path / VIDEO_NAME).is_file()
+    return classify(path) is InputKind.SEGMENT
 
 
 def _walk(root: Path) -> Iterator[Recording]:
@@ -132,7 +131,6 @@ def _walk(root: Path) -> Iterator[Recording]:
 
 def _is_ours(path: Path) -> bool:
     try:
-        with path.open("rb") as file:
-            return file.read(len(FILE_MAGIC)) == FILE_MAGIC
+        return classify(path) is InputKind.RECORDING
     except OSError:
         return False  # unreadable: not taken by a walk (named alone, it fails as it is replayed)

@@ -1,4 +1,4 @@
-"""Camera sources: what a source is, how it keeps time, and how one is opened.
+"""Camera sources: what a source is and how it keeps time.
 
 Every source is a :class:`FrameSource`: an async iterator of :class:`~pipelines.dms.frames.frame.Frame`
 with ``aclose()``. Sources pace on the running event loop's clock (:func:`wait_until_ns`), so they
@@ -7,8 +7,9 @@ run in real time in a service and deterministically, in milliseconds, under
 :mod:`pipelines.dms.frames.synthetic`; the sources of recorded frames share
 :mod:`pipelines.dms.frames.recorded` (read ahead, delivered as a camera delivers): the video-file
 source in :mod:`pipelines.dms.frames.video`, recorded replay in :mod:`pipelines.dms.frames.replay`,
-openpilot's route segments in :mod:`pipelines.dms.frames.segment`; :func:`open_camera` opens the
-one a :data:`~pipelines.dms.config.settings.CameraSpec` names.
+openpilot's route segments in :mod:`pipelines.dms.frames.segment`;
+:func:`pipelines.dms.frames.open_camera` opens the one a
+:data:`~pipelines.dms.config.kinds.CameraSpec` names.
 
 Timing, as camerad produces it (spec section 5): capture period ``k`` starts at
 ``origin + k * period`` (plus jitter, if asked for), where ``origin`` is the loop clock when the
@@ -31,7 +32,6 @@ import anyio
 
 from aio_runtime import AsyncResource, CameraTimeout, Layer, WorkerThread, now, run_in_thread
 
-from ..config.kinds import CameraFile, CameraSpec
 from .frame import Frame
 
 __all__ = [
@@ -44,8 +44,6 @@ __all__ = [
     "SourceBase",
     "clock_ns",
     "closing",
-    "open_camera",
-    "open_segment",
     "period_ns",
     "wait_until_ns",
 ]
@@ -237,58 +235,3 @@ async def closing(source: AsyncIterable[Any]) -> AsyncIterator[None]:
 @runtime_checkable
 class _Closable(Protocol):
     async def aclose(self) -> None: ...
-
-
-def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
-    """The source ``spec`` names: the synthetic camera; an openpilot route segment, for a
-    directory (:class:`~pipelines.dms.frames.segment.SegmentCamera`); or a file — a
-    recording of ours when its first bytes say so, else a video file. ``paced=False``: a file or
-    a segment as fast as it is asked for (the synthetic camera is a camera: paced only)."""
-    from .synthetic import SyntheticCamera
-
-    if not isinstance(spec, CameraFile):
-        if not paced:
-            raise ValueError(
-                "the synthetic camera is live: replay a recording, a video file or a segment"
-            )
-        return SyntheticCamera()
-    if spec.path.is_dir():
-        from .segment import SegmentCamera
-
-        return SegmentCamera(spec.path, paced=paced)
-    from .recording import FILE_MAGIC
-    from .replay import ReplayCamera
-
-    try:
-        with spec.path.open("rb") as f:
-            magic = f.read(len(FILE_MAGIC))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"camera {str(spec)!r}: no such file (or use 'synthetic')"
-        ) from None
-    if magic == FILE_MAGIC:
-        return ReplayCamera(spec.path, paced=paced)
-    from .video import VideoFileCamera
-
-    return VideoFileCamera(spec.path, paced=paced)
-
-
-async def open_segment(spec: CameraSpec, *, paced: bool = True) -> FrameSource | None:
-    """The openpilot route segment ``spec`` names, opened now — its log read and matched to its
-    video, on the source's worker thread, within its bounds — so that a segment that cannot be
-    replayed is refused before any work starts (the error the source raises:
-    :class:`~pipelines.dms.openpilot.segment_log.SegmentError`, a ``LogError``, a
-    :class:`~aio_runtime.CameraTimeout`; the source is closed). None for any other camera: those
-    open as their first frame is asked for, and one that cannot is a camera that failed."""
-    if not (isinstance(spec, CameraFile) and spec.path.is_dir()):
-        return None
-    from .segment import SegmentCamera
-
-    source = SegmentCamera(spec.path, paced=paced)
-    try:
-        await source.open()
-    except BaseException:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BOUND):
-            await source.aclose()
-        raise
-    return source

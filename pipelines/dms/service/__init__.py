@@ -35,8 +35,9 @@ from aio_runtime import ExcInfo, Transition, realtime_threads
 from ..backends.link import TransportOpener
 from ..config.kinds import CameraFile, CameraSpec, Mode
 from ..config.settings import ServiceConfig
+from ..frames import open_segment
 from ..frames.frame import Frame
-from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource, open_segment
+from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource
 from ..frames.synthetic import SyntheticCalibration
 from ..messages import DriverStateV2, readiness_record
 from ..sinks.cereal import CerealSocket

@@ -14,9 +14,10 @@ import anyio
 from aio_runtime import CameraTimeout, get_logger, now, wait_complete
 
 from ..config.kinds import CameraFile, CameraSpec, Mode, Synthetic
+from ..frames import open_camera
 from ..frames.frame import Frame
 from ..frames.recorded import RecordedSource
-from ..frames.source import closing, open_camera
+from ..frames.source import closing
 from ._faults import ServiceFaults
 from ._job import UNBUDGETED, FrameJob, JobSlot
 from ._outcomes import FrameOutcomes
