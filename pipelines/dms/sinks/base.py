@@ -39,6 +39,7 @@ __all__ = [
     "LIVE_BACKLOG",
     "STALL_LIMIT",
     "Mode",
+    "CountingSink",
     "DropLog",
     "ReaderClosed",
     "Sink",
@@ -204,3 +205,58 @@ class Waiters:
             waiting, self._waiting = self._waiting, []
         for event, call in waiting:
             call(event.set)
+
+
+class CountingSink:
+    """The part every sink that counts by itself shares: its name and delivery policy, its counts
+    (``published == delivered + dropped + pending``), its first failure, and the tasks waiting
+    for it. A subclass counts and fails under :attr:`_lock`, wakes :attr:`_changes` after a
+    failure or its end, and says what it holds (:meth:`_pending`) and when its counts are final
+    (:meth:`_counts_final`)."""
+
+    def __init__(self, name: str, delivery: Mode) -> None:
+        self._name = name
+        self._delivery = delivery
+        self._published = self._delivered = self._dropped = 0
+        self._failure: SinkError | None = None
+        self._lock = threading.Lock()
+        self._changes = Waiters()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def delivery(self) -> Mode:
+        return self._delivery
+
+    def failure(self) -> SinkError | None:
+        return self._failure
+
+    async def wait_failure(self) -> SinkError | None:
+        await self._changes.until(
+            self._lock, lambda: self._failure is not None or self._counts_final()
+        )
+        return self._failure
+
+    def stats(self) -> SinkStats:
+        with self._lock:
+            reader_closed = isinstance(self._failure, ReaderClosed)
+            return SinkStats(
+                name=self._name,
+                delivery=self._delivery,
+                published=self._published,
+                delivered=self._delivered,
+                dropped=self._dropped,
+                pending=self._pending(),
+                failed=None if self._failure is None or reader_closed else str(self._failure),
+                closed_by_reader=reader_closed,
+            )
+
+    def _pending(self) -> int:
+        """Messages held, not yet delivered nor dropped (under :attr:`_lock`)."""
+        return 0
+
+    def _counts_final(self) -> bool:
+        """The counts are final: the sink is closed (under :attr:`_lock`)."""
+        return False

@@ -49,6 +49,7 @@ from ..messages import DriverStateV2
 from .base import (
     DRAIN_TIMEOUT,
     LIVE_BACKLOG,
+    CountingSink,
     DropLog,
     ReaderClosed,
     SinkError,
@@ -104,7 +105,7 @@ class _Aborted(Exception):
     """The writer was told to stop mid-write (closing past its bound)."""
 
 
-class FileSink(abc.ABC, Generic[R]):
+class FileSink(CountingSink, abc.ABC, Generic[R]):
     """Records written to ``fd`` (the sink owns it, and closes it) by a thread of the sink's own,
     each made into bytes by ``encoder``; see the module's description. A subclass says what
     record a message is (:meth:`_record`)."""
@@ -121,9 +122,8 @@ class FileSink(abc.ABC, Generic[R]):
         chunk: int = select.PIPE_BUF,
         stdout: bool = False,
     ) -> None:
+        super().__init__(name, delivery)
         self._backlog = check_backlog(backlog)
-        self._delivery = delivery
-        self._name = name
         self._fd = fd
         self._encoder = encoder
         self._batch = batch
@@ -131,15 +131,12 @@ class FileSink(abc.ABC, Generic[R]):
         self._stdout = stdout
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._records: deque[R] = deque()
         self._writing = 0
         """Records taken by the writer and not yet written."""
         self._encoded = 0
         """Records written into an encoder that holds them (:attr:`StreamEncoder.held`)."""
-        self._published = self._delivered = self._dropped = 0
-        self._failure: SinkError | None = None
         self._closing = False
         """No more records are taken; the writer finishes what is held."""
         self._abort = False
@@ -151,7 +148,6 @@ class FileSink(abc.ABC, Generic[R]):
         """The stream's end was written (after everything taken)."""
         self._released = False
         self._room = Waiters()
-        self._changes = Waiters()
         self._drops = DropLog(self._name, backlog=self._backlog)
         self._thread = threading.Thread(target=self._write_records, name=self._name, daemon=True)
         self._thread.start()
@@ -159,14 +155,6 @@ class FileSink(abc.ABC, Generic[R]):
     @abc.abstractmethod
     def _record(self, message: DriverStateV2) -> R:
         """What the encoder takes of ``message`` (on the publisher's thread)."""
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def delivery(self) -> Mode:
-        return self._delivery
 
     def publish(self, message: DriverStateV2) -> None:
         record = self._record(message)
@@ -196,25 +184,11 @@ class FileSink(abc.ABC, Generic[R]):
             lambda: bool(self._failure or self._closing or len(self._records) < self._backlog),
         )
 
-    def failure(self) -> SinkError | None:
-        return self._failure
+    def _pending(self) -> int:
+        return self._held()
 
-    async def wait_failure(self) -> SinkError | None:
-        await self._changes.until(self._lock, lambda: self._failure is not None or self._finished)
-        return self._failure
-
-    def stats(self) -> SinkStats:
-        with self._lock:
-            return SinkStats(
-                name=self._name,
-                delivery=self._delivery,
-                published=self._published,
-                delivered=self._delivered,
-                dropped=self._dropped,
-                pending=self._held(),
-                failed=None if isinstance(self._failure, ReaderClosed) else _text(self._failure),
-                closed_by_reader=isinstance(self._failure, ReaderClosed),
-            )
+    def _counts_final(self) -> bool:
+        return self._finished
 
     def _held(self) -> int:
         """Records published and not yet delivered nor dropped (under the lock)."""
@@ -361,10 +335,6 @@ class FileSink(abc.ABC, Generic[R]):
         for fd in (self._fd, self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _text(failure: SinkError | None) -> str | None:
-    return None if failure is None else str(failure)
 
 
 def open_for_writing(path: Path, name: str, *, append: bool = False, new: bool = False) -> int:

@@ -42,7 +42,6 @@ any free one), and the loopback rule (design C9: refused unless ``allow_remote``
 from __future__ import annotations
 
 import errno
-import threading
 
 import anyio.to_thread
 import zmq
@@ -52,7 +51,7 @@ from aio_runtime import get_logger
 from ..config.kinds import Mode
 from ..config.values import check_zmq_address
 from ..messages import DriverStateV2
-from .base import DRAIN_TIMEOUT, DropLog, SinkError, SinkFailed, SinkStats, Waiters, check_backlog
+from .base import DRAIN_TIMEOUT, CountingSink, DropLog, SinkFailed, SinkStats, check_backlog
 from .zmq_gate import SubscriberGate
 
 __all__ = [
@@ -81,7 +80,7 @@ class AddressInUse(OSError):
     """Something already listens on the address."""
 
 
-class ZmqSink:
+class ZmqSink(CountingSink):
     """ZeroMQ on ``address`` (see the module's description for the policy and its bounds)."""
 
     def __init__(
@@ -97,16 +96,10 @@ class ZmqSink:
         check_zmq_address(address, allow_remote=allow_remote)
         check_backlog(high_water_mark, what="high_water_mark")
         check_backlog(max_subscribers, what="max_subscribers", unit="subscribers")
-        self._name = name or f"zmq {address}"
-        self._delivery = delivery
+        super().__init__(name or f"zmq {address}", delivery)
         self._high_water_mark = high_water_mark
-        self._published = self._delivered = self._dropped = 0
         self._sent_in_a_row = 0
-        self._failure: SinkError | None = None
         self._closed = False
-        self._lock = threading.Lock()
-        """Orders closing (perhaps on a worker thread) with tasks waiting for a failure."""
-        self._changes = Waiters()
         self._drops = DropLog(self._name, high_water_mark=high_water_mark)
         self._context = zmq.Context(io_threads=1)
         self._socket: zmq.Socket[bytes] = self._context.socket(zmq.XPUB)
@@ -129,14 +122,6 @@ class ZmqSink:
             raise ValueError(f"zmq {address}: cannot bind: {exc.strerror}") from None
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         """The bound endpoint (with the port chosen, if ``:0`` was asked for)."""
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def delivery(self) -> Mode:
-        return self._delivery
 
     @property
     def subscribers(self) -> int:
@@ -193,22 +178,8 @@ class ZmqSink:
     async def room(self) -> None:
         return  # network subscribers never hold the producer
 
-    def failure(self) -> SinkError | None:
-        return self._failure
-
-    async def wait_failure(self) -> SinkError | None:
-        await self._changes.until(self._lock, lambda: self._failure is not None or self._closed)
-        return self._failure
-
-    def stats(self) -> SinkStats:
-        return SinkStats(
-            name=self._name,
-            delivery=self._delivery,
-            published=self._published,
-            delivered=self._delivered,
-            dropped=self._dropped,
-            failed=None if self._failure is None else str(self._failure),
-        )
+    def _counts_final(self) -> bool:
+        return self._closed
 
     def close(self, timeout: float = DRAIN_TIMEOUT) -> SinkStats:
         """Send what the queues hold for at most ``timeout`` seconds (blocking), then close.
