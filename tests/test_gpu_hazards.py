@@ -274,7 +274,8 @@ async def test_freeing_a_buffer_waits_for_the_work_on_it():
         assert freed["same address"] and freed["bytes"] == bytes(8)
 
 
-@pytest.mark.timeout(240)  # a hundred waiters each poll the timeline through the bridge (160k reads)
+# A hundred waiters, each polling the timeline through the bridge: 160k reads of it, 30-45 s.
+@pytest.mark.timeout(240)
 async def test_more_kernels_than_the_ring_holds_all_run_none_overwritten():
     small = FAST.__class__(**{**FAST.__dict__, "compute_ring_size": 1024})
     async with virtual_time(), session(config=small) as (sim, gpu):
