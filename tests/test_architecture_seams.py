@@ -4,6 +4,7 @@ seam the service keeps to, the surface each public module declares, and who may 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -235,3 +236,51 @@ def test_the_declaration_check_finds_each_kind_of_problem():
     ]
     fake.__all__ = ["Probe", "wait"]  # Path is imported, not defined here
     assert declaration_problems(fake) == []
+
+
+KIND_TABLES = {
+    "pipelines/dms/sinks": (
+        "SINKS",
+        {
+            "base": "the protocol, the counting base, the errors every kind shares",
+            "file": "the base of the file kinds (jsonl, rlog, parquet): the writer thread",
+            "memory": "the in-process subscriptions, always there: no setting turns them on",
+            "publish": "several sinks driven as one",
+            "zmq_gate": "the ZeroMQ kinds' cap on subscribers",
+        },
+    ),
+    "pipelines/cli": (
+        "COMMANDS",
+        {
+            "progress": "the progress line of run, replay and record",
+            "replay_compare": "replay's --compare",
+            "fleet_compare": "fleet compare, a subcommand the fleet command dispatches",
+        },
+    ),
+}
+"""Each folder of kinds: the table in its ``__init__`` and the modules that are not kinds (each
+with what it is); every other public module must be a row's."""
+
+
+@pytest.mark.parametrize("folder", sorted(KIND_TABLES))
+def test_every_public_module_of_a_kinds_folder_is_a_row_of_its_table(folder):
+    table, shared = KIND_TABLES[folder]
+    package = importlib.import_module(folder.replace("/", "."))
+    rows = {row.module.lstrip(".") for row in getattr(package, table)}
+    public = {path.stem for path in (ROOT / folder).glob("*.py") if not path.name.startswith("_")}
+    assert rows <= public, f"rows of {table} without a module: {sorted(rows - public)}"
+    assert not rows & set(shared), sorted(rows & set(shared))
+    unregistered = public - rows - set(shared)
+    assert not unregistered, (
+        f"{folder}: modules neither a row of {table} nor shared: {unregistered}"
+    )
+
+
+def test_each_sink_kind_reads_settings_of_the_service_and_opens_its_sinks():
+    from pipelines.dms.config.settings import ServiceConfig
+    from pipelines.dms.sinks import SINKS
+
+    fields = {item.name for item in dataclasses.fields(ServiceConfig)}
+    for kind in SINKS:
+        assert set(kind.settings) <= fields, kind
+        assert callable(kind.load().open_sinks), kind

@@ -344,7 +344,7 @@ LEAN_IMPORT = textwrap.dedent(
     import sys
     sys.path.insert(0, "tests")
     import pipelines.dms
-    from pipelines.dms.sinks.publish import ParquetSink
+    from pipelines.dms.sinks.parquet import ParquetSink
     from pipelines.dms.service import DmsService
     sink = ParquetSink(sys.argv[1], recording="drive")
     print("pyarrow" in sys.modules)

@@ -220,7 +220,7 @@ KILLED_WRITER = textwrap.dedent(
     import dataclasses, sys, time
     sys.path.insert(0, "tests")
     from dms_messages import message
-    from pipelines.dms.sinks.publish import RlogSink
+    from pipelines.dms.sinks.rlog import RlogSink
 
     sink = RlogSink(sys.argv[1])
     seq = 0

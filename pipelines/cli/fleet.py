@@ -29,6 +29,7 @@ from ..dms.config.values import readable_file
 from ..dms.fleet.cluster import ClusterError
 from ..dms.fleet.driver import FleetProgress, run_fleet
 from ..dms.fleet.inputs import find_recordings
+from ..dms.fleet.layout import FIXED
 from ..dms.fleet.plan import FleetOptions, plan_fleet
 from ..dms.fleet.processes import descendants, kill
 from ..dms.fleet.summary import format_fleet
@@ -36,18 +37,8 @@ from ..echo import shown, shown_path
 from ..exit_codes import ExitCode
 from ..stopping import Stopping
 
-__all__ = ["FLEET_DEFAULTS", "FLEET_FIXED", "add_arguments", "main", "single_value_flags"]
+__all__ = ["FLEET_DEFAULTS", "add_arguments", "main", "single_value_flags"]
 
-FLEET_FIXED = frozenset(
-    {
-        "health_host", "health_port", "zmq", "jsonl", "jsonl_append", "rlog", "parquet",
-        "cereal_zmq", "run_id", "model_cpus", "allow_remote", "raw_predictions", "duration",
-        "no_budget",
-    }
-)  # fmt: skip
-"""The replay's settings a fleet does not take: its outputs (the dataset is the output), and
-what the fleet sets for each replay (no health endpoint, no CPUs placed, no frame budget unless
-``--budget`` is given)."""
 FLEET_DEFAULTS: dict[str, Any] = {"device": DeviceKind.CPU.value}
 """Where a fleet's default differs from a replay's: the model on onnxruntime on the CPU."""
 _SHOWN = {
@@ -114,9 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "fleet") -> No
         help="times a recording is handed out when its worker dies replaying it (default: "
         f"{defaults.attempts})",
     )  # fmt: skip
-    add_setting_arguments(
-        parser, "replay", without=FLEET_FIXED, defaults=FLEET_DEFAULTS, shown=_SHOWN
-    )
+    add_setting_arguments(parser, "replay", without=FIXED, defaults=FLEET_DEFAULTS, shown=_SHOWN)
     add_log_format(parser)
 
 

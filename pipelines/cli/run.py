@@ -29,6 +29,7 @@ from ..dms.config.values import Setting, writable_file
 from ..dms.frames.frame import Frame
 from ..dms.messages import DriverStateV2
 from ..dms.service import DmsService, StartupError, Summary
+from ..dms.sinks import SINKS
 from ..dms.summary import (
     FrameAgeMs,
     FrameCounts,
@@ -249,9 +250,11 @@ def _run_files(config: ServiceConfig) -> dict[str, Path | None]:
     return {
         "--camera": config.camera.path if isinstance(config.camera, CameraFile) else None,
         "--model": config.model,
-        "--jsonl": Path(config.jsonl) if config.jsonl not in (None, "-") else None,
-        "--rlog": config.rlog,
-        "--parquet": config.parquet,
+        **{
+            flag_of(kind.setting) or kind.setting: kind.file(config)
+            for kind in SINKS
+            if kind.writes_file
+        },
     }
 
 

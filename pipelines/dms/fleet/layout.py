@@ -33,12 +33,16 @@ from typing import Any
 
 from ..config.settings import ServiceConfig
 from ..model.reference import reference_model_path
+from ..sinks import SINKS
 from ..summary import write_json_document
 from .run_frames import FRAMES_DIR
 
 __all__ = [
+    "FIXED",
     "FRAMES_FILE",
     "LAYOUT_VERSION",
+    "OUTPUTS",
+    "PER_RECORDING",
     "RunDirectory",
     "recording_directory",
     "replay_settings",
@@ -47,10 +51,15 @@ __all__ = [
 LAYOUT_VERSION = 1
 """The version of the layout and of ``fleet.json``; raised when either changes meaning."""
 FRAMES_FILE = "part-0.parquet"
-_PER_RECORDING = frozenset({"camera", "parquet", "run_id", "mode", "health_port", "model_cpus"})
+PER_RECORDING = frozenset({"camera", "parquet", "run_id", "mode", "health_port", "model_cpus"})
 """Settings the fleet sets for each replay itself."""
-_OUTPUTS = frozenset({"health_host", "zmq", "jsonl", "jsonl_append", "rlog", "cereal_zmq"})
-"""Settings of where messages go, which a fleet's workers do not take."""
+OUTPUTS = frozenset({"health_host", *(name for kind in SINKS for name in kind.settings)})
+"""Settings of where messages go (the health endpoints and every kind of sink), which a fleet's
+workers do not take: the dataset is the fleet's output."""
+FIXED = OUTPUTS | PER_RECORDING | {"allow_remote", "raw_predictions", "duration", "no_budget"}
+"""The replay's settings a fleet does not take from its command line: its outputs, and what the
+fleet sets for each replay (no health endpoint, no CPUs placed, no frame budget unless
+``--budget`` is given)."""
 
 
 def replay_settings(config: ServiceConfig) -> dict[str, Any]:
@@ -58,7 +67,7 @@ def replay_settings(config: ServiceConfig) -> dict[str, Any]:
     each replay and the outputs, as JSON values; the model as its file's SHA-256 too."""
     values: dict[str, Any] = {}
     for item in dataclasses.fields(config):
-        if item.name in _PER_RECORDING or item.name in _OUTPUTS:
+        if item.name in PER_RECORDING or item.name in OUTPUTS:
             continue
         value = getattr(config, item.name)
         if isinstance(value, enum.Enum):

@@ -40,6 +40,7 @@ from ..frames.frame import Frame
 from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource
 from ..frames.synthetic import SyntheticCalibration
 from ..messages import DriverStateV2, readiness_record
+from ..sinks import SINKS, Rows, open_sinks
 from ..sinks.cereal import CerealSocket
 from ..sinks.parquet import ROW_GROUP
 from ..sinks.zmq import ZmqSink
@@ -91,7 +92,7 @@ class DmsService:
         row_group: int = ROW_GROUP,
     ) -> None:
         self.config = cfg = config or ServiceConfig()
-        self._rows = (_name(cfg.camera) if recording is None else recording, row_group)
+        self._rows = Rows(_name(cfg.camera) if recording is None else recording, row_group)
         self._source = source
         self._calibration_stream = calibration
         self._calibration = CalibrationState(stale_after=cfg.calib_stale_after, static=cfg.calib)
@@ -164,19 +165,9 @@ class DmsService:
                 cfg.check_environment()
                 if self._source is None:
                     self._segment = await open_segment(cfg.camera, paced=cfg.mode is Mode.LIVE)
-            with refused("zmq"):
-                self.outcomes.open_sinks(zmq=cfg.zmq, allow_remote=cfg.allow_remote)
-            with refused("jsonl"):
-                self.outcomes.open_sinks(jsonl=cfg.jsonl, append=cfg.jsonl_append)
-            with refused("rlog"):
-                self.outcomes.open_sinks(rlog=cfg.rlog)
-            with refused("parquet"):
-                recording, row_group = self._rows
-                self.outcomes.open_sinks(
-                    parquet=cfg.parquet, recording=recording, row_group=row_group
-                )
-            with refused("cereal_zmq"):
-                self.outcomes.open_sinks(cereal_zmq=cfg.cereal_zmq, allow_remote=cfg.allow_remote)
+            for kind in SINKS:
+                with refused(kind.setting):
+                    self.outcomes.add_sinks(open_sinks(kind, cfg, self._rows))
             self._tg = await started_group(self._run)
         except BaseException:  # the sinks opened so far (say, one before one that failed)
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound

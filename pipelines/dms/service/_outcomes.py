@@ -14,8 +14,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import anyio
 import numpy as np
@@ -32,14 +31,9 @@ from ..config.kinds import Mode
 from ..frames.source import clock_ns
 from ..messages import DriverStateV2, new_run_id, readiness_record
 from ..model.decode import DriverStateFields
-from ..sinks.base import ReaderClosed, SinkError, SinkStats
-from ..sinks.cereal import open_cereal_sockets
-from ..sinks.jsonl import JsonLinesSink
+from ..sinks.base import ReaderClosed, Sink, SinkError, SinkStats
 from ..sinks.memory import Subscriptions
-from ..sinks.parquet import ROW_GROUP, ParquetSink
 from ..sinks.publish import Sinks
-from ..sinks.rlog import RlogSink
-from ..sinks.zmq import ZmqSink
 from ._job import FrameJob
 from ._policy import FramePolicy, Verdict
 from .metrics import DeviceFacts, Metrics
@@ -87,6 +81,13 @@ class Summary:
         return float(np.percentile(self.frame_ages, q) * 1000) if self.frame_ages else math.nan
 
 
+@runtime_checkable
+class _Completes(Protocol):
+    """A sink whose output is kept only for a complete replay."""
+
+    def complete(self) -> None: ...
+
+
 class FrameOutcomes:
     """Ends frames: publishes them (valid or invalid) or drops them, counted.
 
@@ -122,49 +123,23 @@ class FrameOutcomes:
         self._raw_predictions = raw_predictions
         self._in_flight: dict[int, FrameJob] = {}
         """Frames received and not yet published or dropped, by number."""
-        self._parquet: ParquetSink | None = None
         self._seq = 0
         self._newest_sof: int | None = None
         """The newest frame's start of frame (ns)."""
 
-    def open_sinks(
-        self,
-        *,
-        zmq: str | None = None,
-        jsonl: str | None = None,
-        rlog: str | Path | None = None,
-        cereal_zmq: str | None = None,
-        allow_remote: bool = False,
-        append: bool = False,
-        parquet: Path | None = None,
-        recording: str = "",
-        row_group: int = ROW_GROUP,
-    ) -> None:
-        """Publish on ZeroMQ, as JSON lines, as openpilot's log, on cereal's ZeroMQ sockets on
-        the host ``cereal_zmq``, and as Parquet rows of the recording named ``recording`` too,
-        ``row_group`` rows a row group (each if given; ``append``: to a JSON lines file that
-        exists); :class:`OSError` or :class:`ValueError` for one that cannot be opened (its
-        address in use, its file not writable, or there already unless appending)."""
-        if zmq:
-            self.sinks.add(ZmqSink(zmq, delivery=self.mode, allow_remote=allow_remote))
-        if jsonl:
-            self.sinks.add(JsonLinesSink(jsonl, delivery=self.mode, append=append))
-        if rlog:
-            self.sinks.add(RlogSink(rlog, delivery=self.mode))
-        if cereal_zmq:
-            sockets = open_cereal_sockets(cereal_zmq, delivery=self.mode, allow_remote=allow_remote)
-            for socket in sockets:
-                self.sinks.add(socket)
-        if parquet:
-            self._parquet = ParquetSink(parquet, recording=recording, row_group=row_group)
-            self.sinks.add(self._parquet)
+    def add_sinks(self, sinks: list[Sink]) -> None:
+        """Publish to ``sinks`` too, each with the policy of the service's mode."""
+        for sink in sinks:
+            self.sinks.add(sink)
 
     def ended(self) -> None:
         """The frames ended by themselves (the camera's end, or the frames or the duration asked
-        for): unless the camera failed, the replay is complete, and its Parquet file is
-        completed as its sink closes."""
-        if self._parquet is not None and self.summary.camera_error is None:
-            self._parquet.complete()
+        for): unless the camera failed, the replay is complete, and a sink that keeps its output
+        only for a complete replay (a Parquet file) is told so, to complete it as it closes."""
+        if self.summary.camera_error is None:
+            for sink in self.sinks:
+                if isinstance(sink, _Completes):
+                    sink.complete()
 
     async def room(self) -> None:
         """Replaying: wait until every sink has room for the next frame's messages."""

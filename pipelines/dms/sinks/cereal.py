@@ -20,10 +20,16 @@ as a sink of its own: ``published`` is the messages that had an Event of its ser
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..config.kinds import Mode
 from ..messages import DriverStateV2
 from ..openpilot.events import DRIVER_STATE, STATUS, events_of
 from .zmq import HIGH_WATER_MARK, MAX_SUBSCRIBERS, ZmqSink
+
+if TYPE_CHECKING:
+    from ..config.settings import ServiceConfig
+    from . import Rows
 
 __all__ = [
     "CEREAL_SERVICES",
@@ -32,6 +38,7 @@ __all__ = [
     "cereal_address",
     "cereal_port",
     "open_cereal_sockets",
+    "open_sinks",
 ]
 
 CEREAL_SERVICES = (DRIVER_STATE, STATUS)
@@ -111,3 +118,11 @@ def open_cereal_sockets(
             socket.close(0)
         raise
     return sockets
+
+
+def open_sinks(config: ServiceConfig, rows: Rows) -> list[CerealSocket]:
+    """The sockets ``--cereal-zmq`` asks for, bound."""
+    assert config.cereal_zmq is not None
+    return open_cereal_sockets(
+        config.cereal_zmq, delivery=config.mode, allow_remote=config.allow_remote
+    )

@@ -30,13 +30,18 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config.kinds import Mode
 from ..messages import DriverStateV2
 from .base import LIVE_BACKLOG, check_backlog
 from .file import FileSink, PlainStream, open_for_writing
 
-__all__ = ["JsonLinesSink"]
+if TYPE_CHECKING:
+    from ..config.settings import ServiceConfig
+    from . import Rows
+
+__all__ = ["JsonLinesSink", "open_sinks"]
 
 
 class JsonLinesSink(FileSink[bytes]):
@@ -72,3 +77,9 @@ def _open_stdout(name: str) -> int:
         return os.dup(fd)
     except (AttributeError, OSError, ValueError):
         raise ValueError(f"{name}: standard output is not an open file") from None
+
+
+def open_sinks(config: ServiceConfig, rows: Rows) -> list[JsonLinesSink]:
+    """The sink ``--jsonl`` asks for (``--append``: to a file that exists), open."""
+    assert config.jsonl is not None
+    return [JsonLinesSink(config.jsonl, delivery=config.mode, append=config.jsonl_append)]

@@ -54,7 +54,7 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aio_runtime import get_logger
 
@@ -66,11 +66,16 @@ from ..openpilot.events import event_valid
 from .base import DRAIN_TIMEOUT, LIVE_BACKLOG, SinkFailed, SinkStats, check_backlog
 from .file import FileSink, open_for_writing
 
+if TYPE_CHECKING:
+    from ..config.settings import ServiceConfig
+    from . import Rows
+
 __all__ = [
     "DRIVER_COLUMNS",
     "PARQUET_COLUMNS",
     "ROW_GROUP",
     "ParquetSink",
+    "open_sinks",
     "parquet_schema",
     "partial_path",
 ]
@@ -384,3 +389,9 @@ def _link_new(partial: Path, path: Path) -> None:
         os.rename(partial, path)
         return
     os.unlink(partial)
+
+
+def open_sinks(config: ServiceConfig, rows: Rows) -> list[ParquetSink]:
+    """The sink ``--parquet`` asks for: the replay's rows, of the recording ``rows`` names."""
+    assert config.parquet is not None
+    return [ParquetSink(config.parquet, recording=rows.recording, row_group=rows.row_group)]

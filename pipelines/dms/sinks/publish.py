@@ -28,11 +28,10 @@ ParquetSink       (replays only)                      lossless; the producer wai
                                                       replay has ended by itself
 ================  ==================================  ==========================================
 
-No sink's ``publish`` blocks. Every sink counts in one shape (:class:`SinkStats`, with
+No sink's ``publish`` blocks. Every sink counts in one shape (:class:`~.base.SinkStats`, with
 ``published == delivered + dropped + pending``, ``pending`` 0 once closed) and reports a failure
-(:class:`SinkFailed`; standard output closed by its reader: :class:`ReaderClosed`). The modules:
-:mod:`.base`, :mod:`.memory`, :mod:`.file` (with :mod:`.jsonl`,
-:mod:`.rlog`, :mod:`.parquet`), :mod:`.zmq` (with :mod:`.cereal`).
+(:class:`~.base.SinkFailed`; standard output closed by its reader: :class:`~.base.ReaderClosed`).
+The kinds a setting turns on are the table :data:`pipelines.dms.sinks.SINKS`.
 
 :class:`Sinks` drives several together — what a service calls.
 """
@@ -43,50 +42,10 @@ from collections.abc import Iterable, Iterator
 
 import anyio
 
-from ..config.values import check_zmq_address
 from ..messages import DriverStateV2
-from .base import (
-    DRAIN_TIMEOUT,
-    LIVE_BACKLOG,
-    STALL_LIMIT,
-    ReaderClosed,
-    Sink,
-    SinkError,
-    SinkFailed,
-    SinkStats,
-    SubscriptionStalled,
-)
-from .cereal import CerealSocket, cereal_port, open_cereal_sockets
-from .jsonl import JsonLinesSink
-from .memory import Subscription, Subscriptions
-from .parquet import ParquetSink
-from .rlog import RlogSink
-from .zmq import TOPIC, AddressInUse, ZmqSink
+from .base import DRAIN_TIMEOUT, Sink, SinkError, SinkStats
 
-__all__ = [
-    "DRAIN_TIMEOUT",
-    "LIVE_BACKLOG",
-    "STALL_LIMIT",
-    "TOPIC",
-    "AddressInUse",
-    "CerealSocket",
-    "JsonLinesSink",
-    "ParquetSink",
-    "ReaderClosed",
-    "RlogSink",
-    "Sink",
-    "SinkError",
-    "SinkFailed",
-    "SinkStats",
-    "Sinks",
-    "Subscription",
-    "SubscriptionStalled",
-    "Subscriptions",
-    "ZmqSink",
-    "cereal_port",
-    "check_zmq_address",
-    "open_cereal_sockets",
-]
+__all__ = ["Sinks"]
 
 
 class Sinks:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import bz2
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.kinds import Mode
 from ..messages import DriverStateV2
@@ -43,7 +43,11 @@ from ..openpilot.logs import compression_of
 from .base import LIVE_BACKLOG, check_backlog
 from .file import FileSink, PlainStream, StreamEncoder, open_for_writing
 
-__all__ = ["BZ2_LEVEL", "ZSTD_LEVEL", "RlogSink"]
+if TYPE_CHECKING:
+    from ..config.settings import ServiceConfig
+    from . import Rows
+
+__all__ = ["BZ2_LEVEL", "ZSTD_LEVEL", "RlogSink", "open_sinks"]
 
 ZSTD_LEVEL = 10
 """openpilot's logger compresses at zstd level 10."""
@@ -133,3 +137,9 @@ class _Bz2Stream:
     def end(self) -> bytes:
         self.held = 0
         return self._compressor.flush()
+
+
+def open_sinks(config: ServiceConfig, rows: Rows) -> list[RlogSink]:
+    """The sink ``--rlog`` asks for, its file made."""
+    assert config.rlog is not None
+    return [RlogSink(config.rlog, delivery=config.mode)]

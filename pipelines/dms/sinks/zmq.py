@@ -42,6 +42,7 @@ any free one), and the loopback rule (design C9: refused unless ``allow_remote``
 from __future__ import annotations
 
 import errno
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import zmq
@@ -54,6 +55,10 @@ from ..messages import DriverStateV2
 from .base import DRAIN_TIMEOUT, CountingSink, DropLog, SinkFailed, SinkStats, check_backlog
 from .zmq_gate import SubscriberGate
 
+if TYPE_CHECKING:
+    from ..config.settings import ServiceConfig
+    from . import Rows
+
 __all__ = [
     "DEFAULT_ADDRESS",
     "HIGH_WATER_MARK",
@@ -63,6 +68,7 @@ __all__ = [
     "AddressInUse",
     "ZmqSink",
     "check_zmq_address",
+    "open_sinks",
 ]
 
 TOPIC = b"driverStateV2"
@@ -209,3 +215,9 @@ class ZmqSink(CountingSink):
     def _shut(self, linger_ms: int) -> None:
         self._gate.stop()
         self._socket.close(linger=linger_ms)
+
+
+def open_sinks(config: ServiceConfig, rows: Rows) -> list[ZmqSink]:
+    """The sink ``--zmq`` asks for, bound."""
+    assert config.zmq is not None
+    return [ZmqSink(config.zmq, delivery=config.mode, allow_remote=config.allow_remote)]
