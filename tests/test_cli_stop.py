@@ -72,7 +72,7 @@ def test_a_signal_before_the_service_starts_prints_the_summary_clear_of_the_json
     summary of a run that published nothing, on standard error when the JSON lines were to go
     to standard output."""
     if where == "parsing":
-        monkeypatch.setattr(cli, "build_parser", _interrupt)
+        monkeypatch.setattr(cli, "_parser", _interrupt)
     else:
         monkeypatch.setattr("pipelines.cli.run.DmsService", _interrupt)
     code = main(["run", *CPU, "--duration", "60", *jsonl])
@@ -89,7 +89,7 @@ def test_a_signal_before_the_service_starts_prints_the_summary_clear_of_the_json
 def test_a_signal_before_a_replay_starts_exits_130_and_other_commands_say_so_on_stderr(
     monkeypatch, capsys
 ):
-    monkeypatch.setattr(cli, "build_parser", _interrupt)
+    monkeypatch.setattr(cli, "_parser", _interrupt)
     assert main(["replay", "in.dmsrec", "--jsonl=-"]) == ExitCode.INTERRUPTED
     captured = capsys.readouterr()
     assert captured.out == "" and "summary (stopped: signal, before" in captured.err

@@ -123,6 +123,12 @@ def build_parser(chosen: Command | None = None) -> argparse.ArgumentParser:
     """The command line: every command with its help, and the options of ``chosen`` (None: of
     none; only its module is imported). A command that lacks an extra takes none of its options,
     and its help says what to install."""
+    return _parser(chosen, _missing(chosen) if chosen is not None else None)
+
+
+def _parser(chosen: Command | None, lacking: tuple[Extra, str] | None) -> argparse.ArgumentParser:
+    """:func:`build_parser`, with what ``chosen`` lacks already asked (None: nothing, or no
+    command chosen: then each command is asked)."""
     parser = _Parser(
         prog="aio-dms",
         description="Driver monitoring on in-car inference hardware, with no unbounded wait.",
@@ -135,11 +141,10 @@ def build_parser(chosen: Command | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for command in COMMANDS:
-        shown = chosen is None or command is chosen
-        lacking = _missing(command) if shown else None
-        needs = f" (needs the {lacking[0].name} extra: {lacking[0].install})" if lacking else ""
+        lacks = _missing(command) if chosen is None else lacking if command is chosen else None
+        needs = f" (needs the {lacks[0].name} extra: {lacks[0].install})" if lacks else ""
         sub = commands.add_parser(command.name, help=command.help + needs)
-        if command is chosen and lacking is None:
+        if command is chosen and lacks is None:
             command.load().add_arguments(sub, command.name)
     return parser
 
@@ -229,12 +234,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """``argv`` as the command line parses it: its command's options, a value that begins with
     ``-`` taken as its option's; a bad option exits 2 with one line on standard error."""
     command = _BY_NAME.get(argv[0]) if argv else None
-    parser = build_parser(command)
+    return _parse(argv, command, _missing(command) if command is not None else None)
+
+
+def _parse(
+    argv: list[str], command: Command | None, lacking: tuple[Extra, str] | None
+) -> argparse.Namespace:
+    parser = _parser(command, lacking)
     if not argv:
         parser.print_usage(sys.stderr)
         names = ", ".join(c.name for c in COMMANDS[:-1])
         parser.error(f"a command is required ({names} or {COMMANDS[-1].name})")
-    if command is not None and _missing(command) is None:
+    if command is not None and lacking is None:
         single = getattr(command.load(), "single_value_flags", None)
         argv = _values_may_be_negative(argv, single() if single is not None else set())
     return parser.parse_args(argv)
@@ -251,6 +262,6 @@ def _main(argv: list[str], stopping: Stopping) -> int:
         from .fleet_compare import compare_command
 
         return compare_command(argv[2:])
-    args = parse_args(argv)
+    args = _parse(argv, command, lacking)
     code: int = _BY_NAME[args.command].load().main(args, stopping)
     return code
