@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from pipelines.dms import Availability, DmsService, FaultSpec, ServiceConfig, StartupError
+from pipelines.dms import DmsService, FaultSpec, ServiceConfig, StartupError
 
 
 async def print_transitions(service: DmsService) -> None:
@@ -24,7 +24,9 @@ async def print_transitions(service: DmsService) -> None:
 
 
 async def read_until_recovered(service: DmsService) -> tuple[int, int]:
-    """Count valid and invalid messages until the service is available again after the hang."""
+    """Count valid and invalid messages until the model's outputs are valid again after the hang
+    (the availability then says whether the host keeps up with the camera: on a busy one it may
+    stay DEGRADED or UNAVAILABLE, ``overloaded``, the frames it publishes valid)."""
     valid = invalid = 0
     hung = False
     async for message in service.messages():
@@ -36,8 +38,8 @@ async def read_until_recovered(service: DmsService) -> tuple[int, int]:
         if why == "gpu-queue" and not hung:  # the accelerator's queue made no progress
             hung = True
             print(f"message {message.seq}: {message.availability}, {why}")
-        elif hung and message.availability is Availability.AVAILABLE:
-            print(f"message {message.seq}: available again")
+        elif hung and message.valid:
+            print(f"message {message.seq}: valid again, {message.availability}")
             break
     return valid, invalid
 

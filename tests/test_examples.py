@@ -45,7 +45,11 @@ def test_the_asyncio_embedding_example_sees_the_service_fail_and_recover_then_st
     assert len(frames) == 2, lines
     hung, recovered = (re.match(r"message (\d+): (.*)", line).groups() for line in frames)
     assert hung[1] == "unavailable, gpu-queue"  # the availability and its reason's kind
-    assert recovered[1] == "available again" and int(recovered[0]) > int(hung[0])
+    # valid again: the availability beside it follows the host's speed as well (on a busy host
+    # it may say overloaded), so only that it is one is asserted
+    again, availability = recovered[1].split(", ")
+    assert again == "valid again" and int(recovered[0]) > int(hung[0])
+    assert availability in {"available", "degraded", "unavailable"}
     # stopped by leaving the block: the service has no frame limit
     valid, invalid = map(
         int, re.fullmatch(r"stopped; messages: (\d+) valid, (\d+) invalid", lines[-1]).groups()
