@@ -115,6 +115,35 @@ async def test_every_frame_crosses_the_bridge_inputs_in_and_output_out():
             await accelerator.aclose()
 
 
+async def test_a_run_in_a_long_frame_scope_waits_for_its_kernel_on_the_device():
+    """A frame's scope far longer than the copy engine can wait (the service's runs): the run
+    still queues its copy-out behind the kernel, so the host learns the kernel finished from the
+    copy-out and never waits on the timeline (two bridge requests a read, several a kernel)."""
+    img = np.zeros((1, IMAGE), dtype=np.uint8)
+    calib = np.zeros((1, 3), dtype=np.float32)
+    async with simulated_device(infer, image_size=IMAGE, output_size=OUTPUT) as device:
+        accelerator = await AcceleratorRunner.open(
+            SimUsbTransport(device.bridge), image_size=IMAGE, output_size=OUTPUT
+        )
+        timeline = accelerator.session.timeline
+        waits: list[int] = []
+        wait = timeline.wait
+
+        async def counted(value: int, timeout: float, epoch: int) -> None:
+            waits.append(value)
+            await wait(value, timeout, epoch)
+
+        timeline.wait = counted  # type: ignore[method-assign]
+        limit = accelerator.session.queued_wait_limit
+        try:
+            with deadline_scope(10 * limit, name="a frame"):
+                output, _ = await accelerator.run(img, calib, timeout=0.1)
+        finally:
+            await accelerator.aclose()
+    assert np.array_equal(output, infer(img, calib))
+    assert waits == []
+
+
 # -- the evidence of no progress ---------------------------------------------------------------
 
 

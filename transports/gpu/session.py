@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -257,11 +258,21 @@ class GpuSession(AsyncResource):
             self.timeline.completed(value, epoch)
         return value, data
 
+    @property
+    def queued_wait_limit(self) -> float:
+        """The longest bound :meth:`run_kernel_and_copy_out` waits for a kernel with its
+        copy-out queued behind it on the device: nine tenths of the copy engine's watchdog
+        (unbounded without one). A longer bound is awaited on the timeline, read from the host
+        (two bridge requests a read, several reads a kernel)."""
+        watchdog = self.config.copy_watchdog_ms / 1000
+        return 0.9 * watchdog if watchdog else math.inf
+
     def _copy_engine_can_wait(self, limit: float) -> bool:
-        """Whether the copy engine can wait for the next kernel's release (its watchdog outlasts
-        ``limit``; its unsigned compare is not met early: no wrap in the last 65 536 values)."""
-        watchdog, value = self.config.copy_watchdog_ms / 1000, self.timeline.next_value
-        return (not watchdog or limit < watchdog) and (
+        """Whether the copy engine can wait for the next kernel's release (``limit`` within
+        :attr:`queued_wait_limit`; its unsigned compare is not met early: no wrap in the last
+        65 536 values)."""
+        value = self.timeline.next_value
+        return limit <= self.queued_wait_limit and (
             value < 1 << 32 or value & 0xFFFF_FFFF >= 1 << 16
         )
 

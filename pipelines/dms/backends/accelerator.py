@@ -189,14 +189,15 @@ class AcceleratorRunner:
         """Run the model once. ``timeout``: the hang bound, how long the device may make no
         progress. Outside a deadline scope it bounds the kernel's wait (a
         :class:`~aio_runtime.SignalTimeout` past it). Inside one (a frame's) the scope bounds
-        every wait, and the device is looked at every ``timeout / LOOKS_PER_HANG`` while the run
-        is in progress, which tells a device that made no progress for ``timeout`` from a slow
-        one, without reading a busy host as a hung device: once the evidence reaches
-        ``timeout`` (over this run and the runs before it that the device still owes) the run
-        ends with a :class:`~aio_runtime.HardwareTimeout` there and then — under the layer the
-        looks found silent: ``usb-transfer`` where the device did not answer, else
-        ``gpu-queue`` — and :meth:`stalled_for` says how long, for a run its frame's bound cut
-        first."""
+        every wait (the kernel's up to the session's ``queued_wait_limit``, so that its copy-out
+        waits for it on the device), and the device is looked at every
+        ``timeout / LOOKS_PER_HANG`` while the run is in progress, which tells a device that
+        made no progress for ``timeout`` from a slow one, without reading a busy host as a hung
+        device: once the evidence reaches ``timeout`` (over this run and the runs before it that
+        the device still owes) the run ends with a :class:`~aio_runtime.HardwareTimeout` there
+        and then — under the layer the looks found silent: ``usb-transfer`` where the device did
+        not answer, else ``gpu-queue`` — and :meth:`stalled_for` says how long, for a run its
+        frame's bound cut first."""
         if not timeout > 0:
             raise ValueError(f"the hang bound must be a positive number of seconds, got {timeout}")
         img = np.ascontiguousarray(image, dtype=np.uint8).reshape(-1)
@@ -258,8 +259,11 @@ class AcceleratorRunner:
             [inputs, inputs.address + self.image_size, output_buffer],
             output_buffer,
             reads=[inputs],
-            # In a scope the scope bounds it: a kernel that is only slow is not a hung one.
-            timeout=timeout if scope is None else max(timeout, scope.remaining()),
+            # In a scope the scope bounds it (a kernel that is only slow is not a hung one), up
+            # to the longest wait the device can make for it with its copy-out queued behind.
+            timeout=timeout
+            if scope is None
+            else max(timeout, min(scope.remaining(), self.session.queued_wait_limit)),
             on_submitted=lambda: submitted.__setitem__(0, time.perf_counter()),
         )
         self._progressed()
