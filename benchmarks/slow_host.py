@@ -35,7 +35,7 @@ quiet >= 99 % valid (sim, cpu, segment); quota 1.0 >= 97 % valid and 0 UNAVAILAB
 valid and 0 UNAVAILABLE; quota 0.5: no UNAVAILABLE but the minimum-rate one, each stating a rate
 below its minimum, >= 8 valid frames per second, >= 90 % of the published frames valid; every
 case: every message true to the table. ``--full``: 600 frames a case (30 s); the short form (200)
-runs in ``make bench`` in about 8 minutes on a 2-core machine.
+runs in ``make bench`` in about 7 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
