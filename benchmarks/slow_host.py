@@ -29,7 +29,9 @@ delivered (every thread's, the simulated device's too: under half a CPU, a frame
 least twice the CPU the process spends meanwhile), messages not true to the decision table (valid
 exactly when driver data, no reason and an age within the staleness bound; late exactly when valid
 and past the budget), and the synchronous loop's published and on-time (within the budget) shares
-of the frames delivered.
+of the frames delivered. And per input, the floor under its quota cases: the CPUs it needs at
+the camera's rate (``{input}_cpus_at_rate``: its quiet case's CPU time a frame x 20 Hz); a quota
+below it cannot hold every frame valid, however the service divides its time.
 Targets, in the last JSON line (``targets_met`` and one key per figure):
 quiet >= 99 % valid (sim, cpu, segment); quota 1.0 >= 97 % valid and 0 UNAVAILABLE; busy >= 90 %
 valid and 0 UNAVAILABLE; quota 0.5: no UNAVAILABLE but the minimum-rate one, each stating a rate
@@ -81,6 +83,8 @@ TARGETS = {
     "quota_05_published_valid": 0.90,
 }
 HOG = "while True: pass"
+CAMERA_HZ = 20.0
+"""The synthetic camera's and the segment's frame rate."""
 
 
 class NotMeasured(Exception):
@@ -454,9 +458,25 @@ def _print_row(row: dict[str, Any]) -> None:
     )
 
 
+def cpus_at_rate(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per input measured quiet: the CPUs it needs at the camera's rate (its CPU time a frame
+    delivered x the rate)."""
+    return {
+        row["input"]: row["service"]["cpu_ms_a_frame"] * CAMERA_HZ / 1e3
+        for row in rows
+        if row["condition"] == "quiet"
+        and not row["realtime"]
+        and row["service"] is not None
+        and row["service"]["working"]
+        and row["service"]["cpu_ms_a_frame"] is not None
+    }
+
+
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One key per figure, and whether each case met its targets."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {
+        f"{name}_cpus_at_rate": round(cpus, 3) for name, cpus in cpus_at_rate(rows).items()
+    }
     met = True
     for row in rows:
         s = row["service"]
@@ -542,6 +562,10 @@ def main(report: Report) -> None:
         )
         print(HEADER)
         rows = run_cases(report, frames, segment, args.only)
+    floor = cpus_at_rate(rows)
+    if floor:
+        print("CPUs needed at 20 Hz (quiet CPU time a frame x 20): " + ", ".join(
+            f"{name} {cpus:.2f}" for name, cpus in floor.items()))  # fmt: skip
     result = verdicts(rows)
     print("\ntargets: quiet >= 99 % valid; quota 1.0 >= 97 % and 0 UNAVAILABLE; busy >= 90 % "
           "and 0 UNAVAILABLE; quota 0.5 only minimum-rate UNAVAILABLE, >= 8 valid/s, >= 90 % of "

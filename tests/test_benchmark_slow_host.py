@@ -49,3 +49,10 @@ def test_at_half_a_cpu_the_rate_and_the_published_share_are_the_targets():
 def test_a_case_with_no_valid_frame_is_not_measured():
     out = verdicts([case("quota 0.5", available=False, working=False)])
     assert out == {"cpu_quota_05_measured": False, "targets_met": False}
+
+
+def test_the_floor_is_each_input_s_quiet_cpu_time_a_frame_at_the_camera_s_rate():
+    rows = [case("quiet", cpu_ms_a_frame=56.5), case("quota 1.0", cpu_ms_a_frame=48.0)]
+    out = verdicts(rows)
+    assert out["cpu_cpus_at_rate"] == 1.13  # more than a quota of 1.0 can give
+    assert "cpu_cpus_at_rate" not in verdicts(rows[1:])  # only a quiet case says it
