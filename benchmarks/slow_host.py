@@ -83,8 +83,6 @@ TARGETS = {
     "quota_05_published_valid": 0.90,
 }
 HOG = "while True: pass"
-CAMERA_HZ = 20.0
-"""The synthetic camera's and the segment's frame rate."""
 
 
 class NotMeasured(Exception):
@@ -460,9 +458,11 @@ def _print_row(row: dict[str, Any]) -> None:
 
 def cpus_at_rate(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Per input measured quiet: the CPUs it needs at the camera's rate (its CPU time a frame
-    delivered x the rate)."""
+    delivered x the driver camera's frame rate, the synthetic camera's and the segment's)."""
+    from pipelines.dms.frames.frame import AR_OX_FISHEYE
+
     return {
-        row["input"]: row["service"]["cpu_ms_a_frame"] * CAMERA_HZ / 1e3
+        row["input"]: row["service"]["cpu_ms_a_frame"] * AR_OX_FISHEYE.fps / 1e3
         for row in rows
         if row["condition"] == "quiet"
         and not row["realtime"]
@@ -562,11 +562,11 @@ def main(report: Report) -> None:
         )
         print(HEADER)
         rows = run_cases(report, frames, segment, args.only)
+    result = verdicts(rows)
     floor = cpus_at_rate(rows)
     if floor:
-        print("CPUs needed at 20 Hz (quiet CPU time a frame x 20): " + ", ".join(
+        print("CPUs needed at the camera's rate (quiet CPU time a frame x its rate): " + ", ".join(
             f"{name} {cpus:.2f}" for name, cpus in floor.items()))  # fmt: skip
-    result = verdicts(rows)
     print("\ntargets: quiet >= 99 % valid; quota 1.0 >= 97 % and 0 UNAVAILABLE; busy >= 90 % "
           "and 0 UNAVAILABLE; quota 0.5 only minimum-rate UNAVAILABLE, >= 8 valid/s, >= 90 % of "
           "published valid; every message true to the decision table")  # fmt: skip
