@@ -29,7 +29,7 @@ from pipelines.dms.fleet import (
     plan_fleet,
     run_fleet,
 )
-from pipelines.dms.fleet.processes import descendants
+from pipelines.dms.fleet.processes import Process, alive, descendants, kill
 from pipelines.dms.model.reference import build_reference_model, build_shifted_model, write_model
 from pipelines.dms.openpilot.policy import WHEEL_ON_RIGHT_THRESHOLD
 from pipelines.dms.service import DmsService
@@ -205,21 +205,29 @@ def test_a_worker_killed_after_writing_rows_is_replaced_and_its_recording_replay
 def test_a_hung_worker_is_killed_at_its_recordings_bound(ray_cluster, recordings, tmp_path):
     out = tmp_path / "run"
     frames_file = RunDirectory(out).frames("long.dmsrec")
+    # 20 s to start (a worker on a busy machine writes its first rows well within it, so it is
+    # stopped before its bound), and 0.01 s a frame once the worker has said it holds 400
     plan = plan_fleet(
         find_recordings([recordings["long"]]),
-        FleetOptions(out, CONFIG, workers=1, row_group=16, start_timeout=4, frame_timeout=0.01),
+        FleetOptions(out, CONFIG, workers=1, row_group=16, start_timeout=20, frame_timeout=0.01),
     )
     thread, results, done = in_thread(lambda: run_fleet(plan, cluster=ray_cluster))
-    if when(lambda: has_rows(frames_file), done, "rows written"):
-        (pid,) = replay_workers()
-        os.kill(pid, signal.SIGSTOP)  # hung: not one more step of its loop
-    thread.join(120)
-    (summary,) = results[0].recordings
-    assert summary["status"] == "failed"
-    # 4 s to start, and 0.01 s a frame once the worker has said it holds 400 (which a worker
-    # stopped before the driver heard from it never says)
-    assert re.search(r"exceeded the recording's bound of (8|4)\.0 s", summary["reason"] or "")
-    assert not frames_file.exists()
+    stopped: list[Process] = []
+    try:
+        if when(lambda: has_rows(frames_file), done, "rows written"):
+            (worker,) = [p for p in descendants() if p.command.startswith("ray::ReplayWorker")]
+            os.kill(worker.pid, signal.SIGSTOP)  # hung: not one more step of its loop
+            stopped.append(worker)
+        thread.join(120)
+        (summary,) = results[0].recordings
+        assert summary["status"] == "failed"
+        # (a worker stopped before the driver heard how long the recording is: 20 s)
+        assert re.search(r"exceeded the recording's bound of (24|20)\.0 s", summary["reason"] or "")
+        assert not frames_file.exists()
+        for worker in stopped:  # killed: the CPU it held is the cluster's again
+            when(lambda: not alive(worker), threading.Event(), "the hung worker's end")  # noqa: B023
+    finally:
+        kill(set(stopped))
 
 
 def test_a_stopped_fleet_marks_what_it_did_not_complete(ray_cluster, recordings, tmp_path):

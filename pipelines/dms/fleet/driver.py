@@ -12,7 +12,11 @@ flight per worker and decides what a failure means:
 - a worker past its recording's wall-clock bound (hung: its event loop stopped, its process
   stopped) — :attr:`FleetOptions.start_timeout` seconds, plus
   :attr:`FleetOptions.frame_timeout` a frame once the worker has said how long the recording is —
-  is killed (Ray starts another in its place) and the recording fails, not retried;
+  is killed and the recording fails there, not retried (the driver does not wait for Ray to say
+  the replay ended: Ray says so only once it has started the worker again, which a process that
+  hangs as it starts may never let it); Ray starts another in its place, and a worker that has
+  not answered within :attr:`FleetOptions.start_timeout` of being started again is given up
+  for a fresh one;
 - a stop asked for (Ctrl-C): the replays in flight are cancelled (each leaves its partial file),
   the recordings not complete are marked interrupted.
 
@@ -73,7 +77,6 @@ class _Running:
     frames: int = 0
     poll: Any = None
     polled: float = 0.0
-    killed: str | None = None
 
 
 class _Driver:
@@ -87,10 +90,11 @@ class _Driver:
         self.plan = plan
         self.options = plan.options
         self.idle = list(actors)
-        self.restarting: dict[Any, Any] = {}
-        """A question to each worker whose process died, until Ray has started it again."""
-        self.asking: list[tuple[float, Any]] = []
-        """Workers to ask again (when, which): Ray had not started them again yet."""
+        self.restarting: dict[Any, tuple[Any, float]] = {}
+        """A question to each worker whose process died, until Ray has started it again: the
+        worker, and since when it has been waited for."""
+        self.asking: list[tuple[float, Any, float]] = []
+        """Workers to ask again (when, which, since when): Ray had not started them again."""
         self.pending = deque(plan.tasks)
         self.running: dict[Any, _Running] = {}
         self.results: list[RecordingSummary] = []
@@ -126,30 +130,49 @@ class _Driver:
             self._show()
         return True
 
-    def _restarted(self, actor: Any) -> None:
+    def _restarted(self, actor: Any, since: float | None = None) -> None:
         """``actor``'s process died: it takes work again once Ray has started it again (a task
         handed to it before then fails as the dead one's did)."""
-        self.restarting[actor.where.remote()] = actor
+        since = time.monotonic() if since is None else since
+        self.restarting[actor.where.remote()] = (actor, since)
 
     def _ask_again(self) -> None:
+        """Ask again the workers Ray had not started yet, and give up on the ones waited for
+        longer than a replay may take to start."""
         now = time.monotonic()
-        due = [actor for when, actor in self.asking if when <= now]
-        self.asking = [(when, actor) for when, actor in self.asking if when > now]
-        for actor in due:
-            self._restarted(actor)
+        late = self.options.start_timeout
+        for ref, (actor, since) in list(self.restarting.items()):
+            if now - since > late:
+                del self.restarting[ref]
+                self._replace(actor)
+        asking, self.asking = self.asking, []
+        for when, actor, since in asking:
+            if now - since > late:
+                self._replace(actor)
+            elif when <= now:
+                self._restarted(actor, since)
+            else:
+                self.asking.append((when, actor, since))
+
+    def _replace(self, actor: Any) -> None:
+        import ray
+
+        _log.warning("a worker not started again in time: another started instead")
+        ray.kill(actor, no_restart=True)
+        self.idle.extend(_actors(1))
 
     def _started_again(self, ref: Any) -> None:
         import ray
         from ray.exceptions import ActorDiedError, RayActorError
 
-        actor = self.restarting.pop(ref)
+        actor, since = self.restarting.pop(ref)
         try:
             ray.get(ref)
         except ActorDiedError as exc:  # for good (Ray will not start it again): another instead
             _log.warning("a worker is gone for good: another started", error=_first_line(exc))
             self.idle.extend(_actors(1))
         except RayActorError:  # not started again yet
-            self.asking.append((time.monotonic() + _WAIT, actor))
+            self.asking.append((time.monotonic() + _WAIT, actor, since))
         else:
             _log.info("a worker was started again")
             self.idle.append(actor)
@@ -175,12 +198,10 @@ class _Driver:
         except RayActorError as exc:
             _log.warning(
                 "a worker died replaying", recording=task.recording, model=task.model,
-                attempt=task.attempt, killed=running.killed, error=_first_line(exc),
+                attempt=task.attempt, error=_first_line(exc),
             )  # fmt: skip
             self._restarted(running.actor)
-            if running.killed is not None:
-                summary = failed_summary(task.recording, task.path, **facts, reason=running.killed)
-            elif task.attempt < self.options.attempts:
+            if task.attempt < self.options.attempts:
                 self.pending.appendleft(dataclasses.replace(task, attempt=task.attempt + 1))
                 return
             else:
@@ -197,6 +218,9 @@ class _Driver:
             summary = failed_summary(task.recording, task.path, **facts, reason=reason)
         else:
             self.idle.append(running.actor)
+        self._ended(summary)
+
+    def _ended(self, summary: RecordingSummary) -> None:
         self.last = time.monotonic()
         self.frames += summary["frames"]
         self.results.append(summary)
@@ -207,7 +231,7 @@ class _Driver:
         import ray
 
         now = time.monotonic()
-        for running in self.running.values():
+        for ref, running in list(self.running.items()):
             if running.poll is not None:
                 ready, _ = ray.wait([running.poll], timeout=0)
                 if ready:
@@ -218,17 +242,28 @@ class _Driver:
                     running.poll = None
                     if answer.recording == running.task.recording:
                         running.frames, running.length = answer.frames, answer.length
-            if running.poll is None and now - running.polled >= _POLL and running.killed is None:
-                running.poll, running.polled = running.actor.progress.remote(), now
             bound = self._bound(running)
-            if running.killed is None and now > bound:
-                seconds = bound - running.handed
-                running.killed = (
-                    f"its worker exceeded the recording's bound of {seconds:.1f} s (hung) and "
-                    "was killed"
-                )
-                _log.warning("a worker past its bound killed", recording=running.task.recording)
-                ray.kill(running.actor, no_restart=False)
+            if now > bound:
+                self._kill(ref, bound - running.handed)
+            elif running.poll is None and now - running.polled >= _POLL:
+                running.poll, running.polled = running.actor.progress.remote(), now
+
+    def _kill(self, ref: Any, seconds: float) -> None:
+        """The replay of ``ref`` is past its bound of ``seconds``: its worker is killed, its
+        recording failed here."""
+        import ray
+
+        running = self.running.pop(ref)
+        task = running.task
+        _log.warning("a worker past its bound killed", recording=task.recording)
+        ray.kill(running.actor, no_restart=False)
+        self._restarted(running.actor)
+        reason = f"its worker exceeded the recording's bound of {seconds:.1f} s (hung): killed"
+        self._ended(
+            failed_summary(
+                task.recording, task.path, model=task.model, attempts=task.attempt, reason=reason
+            )
+        )
 
     def _cancel_all(self) -> None:
         import ray
@@ -338,6 +373,7 @@ def _actors(count: int) -> list[Any]:
 def _end(driver: _Driver) -> None:
     import ray
 
-    actors = [*driver.idle, *driver.restarting.values(), *(a for _, a in driver.asking)]
+    actors = [*driver.idle, *(a for a, _ in driver.restarting.values())]
+    actors += [actor for _, actor, _ in driver.asking]
     for actor in actors + [r.actor for r in driver.running.values()]:
         ray.kill(actor, no_restart=True)
