@@ -281,6 +281,23 @@ def test_a_device_fault_is_the_device_s_not_the_host_s_the_rate_starts_again():
     assert judge.availability.state.availability is A
 
 
+def test_frames_lost_while_the_service_is_starting_are_not_the_host_s():
+    judge = policy(host=lambda: HostSample(0.0, 0.0))
+    at = 0.0
+    with TransitionRecorder(judge.availability) as recorder:
+        judge.arrived(at)
+        on_time(judge, at)  # a first valid frame: still starting (two to recover)
+        at += PERIOD
+        for _ in range(20):  # a second of slow first runs: lost before it is up
+            judge.arrived(at)
+            judge.dropped(at + 0.01)
+            at += PERIOD
+        frames(judge, at, 80)  # up, and keeping up from then on
+    reasons = [s.reason.kind for s in recorder.states() if s.reason is not None]
+    assert "overloaded" not in reasons, [str(s) for s in recorder.states()]
+    assert judge.availability.state.availability is A
+
+
 def test_a_frame_that_could_not_finish_by_its_bound_is_not_started():
     judge = policy()
     assert judge.admits(1.0, stale_at=1.01)  # nothing worked yet: every frame is tried...

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aio_runtime import (
+    Availability,
     AvailabilityMachine,
     BudgetExhausted,
     CameraTimeout,
@@ -180,7 +181,8 @@ class FramePolicy:
     def device_fault(self, exc: RuntimeFault) -> Verdict:
         """A hardware timeout or fault from the model's device (one seen to make no progress
         for its hang bound among them): UNAVAILABLE, session restarted. The frames lost while
-        it was coming are the device's, not the host's: the rate starts again."""
+        it was coming are the device's, not the host's: the rate's account starts again
+        once the service is AVAILABLE again."""
         reason = Reason(str(exc.layer), exc.message)
         self.rate.forget()
         self.availability.report_unavailable(reason)
@@ -217,6 +219,8 @@ class FramePolicy:
         overloaded = self._overloaded(at)
         if overloaded is None:
             self.availability.report_good()
+            if self.live and not self.rate.started and self._available:
+                self.rate.start(at)  # up: from here on, a frame lost is the host's
         elif self._below_minimum:
             self.availability.report_unavailable(overloaded, per_kind=False)
         else:
@@ -266,6 +270,10 @@ class FramePolicy:
     def overloaded(self) -> bool:
         """The service cannot keep up with its camera, as last judged."""
         return self._said is not None
+
+    @property
+    def _available(self) -> bool:
+        return self.availability.state.availability is Availability.AVAILABLE
 
     @property
     def _below_minimum(self) -> bool:

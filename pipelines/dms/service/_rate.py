@@ -7,9 +7,10 @@ waited for a stage, not started because it could not finish in time, skipped by 
 that fell behind) or ends stale. When at least :data:`OVERLOADED_SHARE` of the window's frames were
 lost (and :data:`OVERLOADED_LOSSES` at least), the service is *overloaded*: it says so with the rate
 it achieves, DEGRADED, or UNAVAILABLE while that rate is below the minimum its consumer needs. The
-account starts with the first valid frame (a service starting, or coming back from a device's
-failure, is not a slow host), and is judged once it is a window old. Plain bookkeeping: the times
-are given, on the loop clock.
+account starts when the service is first AVAILABLE, and again once it is after a device's failure
+(a service starting, its first runs slow, or coming back, is not a slow host: the frames it lost
+before are not counted), and is judged once it is a window old. Plain bookkeeping: the times are
+given, on the loop clock.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ class RateVerdict:
 
 
 class RateWatch:
-    """The window's frames: :meth:`arrived`, :meth:`valid` and :meth:`lost` as they happen;
-    :meth:`verdict` judges them. ``min_rate``: the minimum valid rate (None:
+    """The window's frames: :meth:`arrived`, :meth:`valid` and :meth:`lost` as they happen,
+    counted from :meth:`start` on; :meth:`verdict` judges them. ``min_rate``: the minimum valid rate (None:
     :data:`MIN_RATE_SHARE` of the camera's)."""
 
     def __init__(self, *, min_rate: float | None = None, window: float = RATE_WINDOW) -> None:
@@ -77,25 +78,34 @@ class RateWatch:
         self._valid: deque[float] = deque()
         self._lost: deque[float] = deque()
         self._first: float | None = None
-        """When the account started: the first valid frame (None: not yet)."""
+        """When the account started (None: not yet)."""
+
+    @property
+    def started(self) -> bool:
+        return self._first is not None
+
+    def start(self, at: float) -> None:
+        """Start the account with the valid frame published at ``at`` (the service is
+        AVAILABLE)."""
+        self._first = at
+        self._arrived.append(at)  # the frame arrived before it was started: counted with it
+        self._valid.append(at)
 
     def arrived(self, at: float) -> None:
         if self._first is not None:
             self._arrived.append(at)
 
     def valid(self, at: float) -> None:
-        if self._first is None:
-            self._first = at
-            self._arrived.append(at)  # the frame it is arrived before it: counted with it
-        self._valid.append(at)
+        if self._first is not None:
+            self._valid.append(at)
 
     def lost(self, at: float) -> None:
         if self._first is not None:
             self._lost.append(at)
 
     def forget(self) -> None:
-        """Start again, with the next valid frame: what the window held was not the host's
-        doing (a device that failed)."""
+        """Stop the account until it is started again: what the window held was not the
+        host's doing (a device that failed)."""
         self._arrived.clear()
         self._valid.clear()
         self._lost.clear()
