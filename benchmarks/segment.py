@@ -44,7 +44,7 @@ from pipelines.dms.config.kinds import CameraFile, DeviceKind, Mode
 from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.frames import segment as segments
 from pipelines.dms.frames.frame import nv12_layout
-from pipelines.dms.frames.segment import nv12_from_video
+from pipelines.dms.frames.video import nv12_from_video
 from pipelines.dms.model.contract import load_contract
 from pipelines.dms.model.decode import Decoder
 from pipelines.dms.model.reference import reference_model_path

@@ -349,7 +349,7 @@ def sync_loop(input_name: str, segment: str | None, frames: int) -> dict:
     if input_name == "segment" and segment:
         import av
 
-        from pipelines.dms.frames.segment import nv12_from_video
+        from pipelines.dms.frames.video import nv12_from_video
 
         container = av.open(str(Path(segment) / "dcamera.hevc"), format="hevc")
         stream = container.streams.video[0]

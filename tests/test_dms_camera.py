@@ -48,7 +48,7 @@ from pipelines.dms.frames.recording_reader import RecordingReader
 from pipelines.dms.frames.replay import ReplayCamera
 from pipelines.dms.frames.source import FrameSource, clock_ns
 from pipelines.dms.frames.synthetic import SyntheticCalibration, SyntheticCamera
-from pipelines.dms.frames.video import VideoDecodeError, VideoFileCamera, bgr_to_nv12
+from pipelines.dms.frames.video import VideoDecodeError, VideoFileCamera
 
 pytestmark = pytest.mark.anyio
 
@@ -470,18 +470,25 @@ def gray_images(count: int, width: int = 64, height: int = 48) -> list[np.ndarra
     ]
 
 
-def test_bgr_to_nv12_is_opencvs_i420_interleaved_u_then_v():
+async def test_a_jpeg_range_video_is_converted_to_limited_range_bt601_interleaved_u_then_v(
+    tmp_path, ledger
+):
     rng = np.random.default_rng(5)
-    bgr = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
-    buffer = bgr_to_nv12(bgr)
-    frame = Frame(buffer, 64, 48, 128, frame_id=0, timestamp_sof=0, timestamp_eof=0)
-    i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
-    np.testing.assert_array_equal(frame.y, i420[:48])
-    np.testing.assert_array_equal(frame.uv[:, 0::2].ravel(), i420[48:].ravel()[: 24 * 32])
-    np.testing.assert_array_equal(frame.uv[:, 1::2].ravel(), i420[48:].ravel()[24 * 32 :])
-    compact = np.concatenate([frame.y, frame.uv])  # OpenCV's own NV12 reader agrees
-    back = cv2.cvtColor(np.ascontiguousarray(compact), cv2.COLOR_YUV2BGR_NV12)
-    assert np.abs(back.astype(int) - cv2.cvtColor(i420, cv2.COLOR_YUV2BGR_I420)).max() == 0
+    bgr = cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (9, 9), 3)
+    path = tmp_path / "noise.avi"
+    write_video(path, [bgr], fps=20)  # MJPG: full-range (JPEG) YUV 4:2:0
+    with anyio.fail_after(30):
+        async with VideoFileCamera(path) as camera:
+            frame = await anext(camera)
+        await workers_returned(ledger)
+    i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420).astype(int)  # limited-range BT.601
+    u = i420[48:].ravel()[: 24 * 32].reshape(24, 32)
+    v = i420[48:].ravel()[24 * 32 :].reshape(24, 32)
+    assert frame.y.min() >= 16 and frame.y.max() <= 235  # the limited range
+    assert np.abs(frame.y.astype(int) - i420[:48]).mean() < 3  # MJPG is lossy
+    assert np.abs(frame.uv[:, 0::2].astype(int) - u).mean() < 3  # U first, as NV12 has it
+    assert np.abs(frame.uv[:, 1::2].astype(int) - v).mean() < 3
+    assert not frame.buffer[: 48 * 128].reshape(48, 128)[:, 64:].any()  # the padding is 0
 
 
 async def test_a_video_file_round_trips_with_its_geometry_luma_and_pace(tmp_path, ledger):

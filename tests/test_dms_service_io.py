@@ -264,7 +264,7 @@ async def test_a_video_file_runs_through_the_service_up_to_the_frames_asked_for(
     ("content", "error"),
     [
         (b"DMSNV12\x00\x01", "ReplayFormatError: .*file header at byte 0: truncated"),
-        (b"not a video" * 100, "VideoDecodeError: OpenCV cannot open video file .*nothing"),
+        (b"not a video" * 100, "VideoDecodeError: FFmpeg cannot open video file .*nothing"),
     ],
     ids=["truncated-recording", "not-a-video"],
 )

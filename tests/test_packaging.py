@@ -39,7 +39,7 @@ OPTIONAL_IMPORTS = {
 """Imports that no installed command needs, or only some option or command of one does, and the
 extra that declares each."""
 
-DMS_EXTRA_MODULES = ("onnxruntime", "onnx", "cv2", "zmq", "prometheus_client", "starlette")
+DMS_EXTRA_MODULES = ("onnxruntime", "onnx", "av", "zmq", "prometheus_client", "starlette")
 
 
 def requirement_names(requirements: list[str]) -> set[str]:

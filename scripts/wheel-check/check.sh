@@ -80,7 +80,7 @@ venv_kib=$(site_packages_kib "$work/bare")  # what a fresh environment holds alr
 expect 0 "pip install $(basename "$wheel")" "$work/bare/bin/python" -m pip install --quiet "$wheel"
 expect 0 "none of the DMS service's heavier dependencies came with it" "$work/bare/bin/python" -c '
 import importlib.util, sys
-heavy = ["onnxruntime", "onnx", "cv2", "zmq", "prometheus_client", "starlette", "hypercorn",
+heavy = ["onnxruntime", "onnx", "av", "zmq", "prometheus_client", "starlette", "hypercorn",
          "matplotlib"]
 present = [name for name in heavy if importlib.util.find_spec(name) is not None]
 sys.exit(f"installed without the dms extra: {present}" if present else 0)'

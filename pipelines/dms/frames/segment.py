@@ -20,9 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
-
 from aio_runtime import CameraTimeout, get_logger
 
 from ..openpilot.segment_log import (
@@ -35,19 +32,19 @@ from ..openpilot.segment_log import (
 )
 from .frame import Frame, FrameGeometryError, nv12_layout
 from .recorded import RecordedSource
+from .video import Buffer, nv12_from_video
+from .video import ffmpeg_said as _said
 
 if TYPE_CHECKING:
     import av
 
     VideoPacket = av.Packet[av.VideoStream]
 
-__all__ = ["KEYFRAME_HORIZON", "SegmentCamera", "count_video_frames", "nv12_from_video"]
+__all__ = ["KEYFRAME_HORIZON", "SegmentCamera", "count_video_frames"]
 
 KEYFRAME_HORIZON = 100
 """Frames a segment that fell behind looks ahead for a keyframe to skip to (5 s at 20 Hz; about
 6 MB of packets at 10 Mbit/s, kept to be decoded where there is none)."""
-
-Buffer = npt.NDArray[np.uint8]
 
 _log = get_logger(__name__)
 
@@ -63,39 +60,6 @@ def count_video_frames(path: Path, where: str) -> int:
             return sum(1 for packet in container.demux(stream) if packet.size)
     except (av.error.FFmpegError, IndexError) as exc:
         raise SegmentError(f"{where}: {VIDEO_NAME} is not an HEVC stream: {_said(exc)}") from None
-
-
-def _said(error: Exception) -> str:
-    """What FFmpeg said (its message without the error number and the call), or the error."""
-    return getattr(error, "strerror", None) or str(error) or type(error).__name__
-
-
-def _plane(plane: av.video.plane.VideoPlane, rows: int, columns: int) -> Buffer:
-    data = np.frombuffer(memoryview(plane), dtype=np.uint8)
-    return data[: rows * plane.line_size].reshape(rows, plane.line_size)[:, :columns]
-
-
-def nv12_from_video(frame: av.VideoFrame) -> tuple[Buffer, int, int]:
-    """A decoded video frame as an NV12 buffer in camerad's layout (padding 0), with its width
-    and height. 4:2:0 frames (``yuv420p``, ``yuvj420p``, ``nv12``) keep their bytes; any other
-    pixel format is converted to ``yuv420p`` first. :class:`FrameGeometryError` for odd
-    dimensions."""
-    if frame.format.name not in ("yuv420p", "yuvj420p", "nv12"):
-        frame = frame.reformat(format="yuv420p")
-    width, height = frame.width, frame.height
-    layout = nv12_layout(width, height)
-    stride, rows = layout.stride, height // 2
-    buffer = np.zeros(layout.size, dtype=np.uint8)
-    buffer[: height * stride].reshape(height, stride)[:, :width] = _plane(
-        frame.planes[0], height, width
-    )
-    uv = buffer[layout.uv_offset : layout.uv_offset + rows * stride].reshape(rows, stride)
-    if frame.format.name == "nv12":
-        uv[:, :width] = _plane(frame.planes[1], rows, width)
-    else:
-        uv[:, 0:width:2] = _plane(frame.planes[1], rows, width // 2)
-        uv[:, 1:width:2] = _plane(frame.planes[2], rows, width // 2)
-    return buffer, width, height
 
 
 class _Video:

@@ -1,20 +1,24 @@
-"""A camera source that decodes a video file: each frame converted to NV12 in camerad's layout.
+"""Video decoded with PyAV (FFmpeg), the one video stack of the service: a video file as a camera
+(:class:`VideoFileCamera`), and the conversion of a decoded frame to NV12 in camerad's layout that
+route segments share (:func:`nv12_from_video`).
 
-OpenCV decodes (``cv2.VideoCapture``) to BGR; :func:`bgr_to_nv12` converts with OpenCV's BT.601
-limited-range I420 conversion and interleaves the chroma into NV12 rows, padded to the stride.
+A video file's frames are converted to limited-range BT.601 4:2:0 where they are not already
+(a JPEG-range frame, e.g. of MJPG, other pixel formats, a frame resized to ``size``: by FFmpeg's
+swscale, area interpolation), then their chroma interleaved into NV12 rows, padded to the stride.
 Opening and decoding block, so they run on the camera's worker thread (one for its life, not one
-per frame), each under its own bound, and the event loop stays free. Frames are paced like a camera's (see
-:mod:`pipelines.dms.frames.source`).
+per frame), each under its own bound, and the event loop stays free. Frames are read ahead and
+paced like a camera's (see :mod:`pipelines.dms.frames.recorded`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
+from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 
@@ -29,45 +33,122 @@ from .frame import (
 from .recorded import RecordedSource
 from .source import period_ns
 
-__all__ = ["VideoDecodeError", "VideoFileCamera", "bgr_to_nv12"]
+if TYPE_CHECKING:
+    import av
+
+__all__ = ["VideoDecodeError", "VideoFileCamera", "nv12_from_video"]
 
 Buffer = npt.NDArray[np.uint8]
 
+_KEPT_FORMATS = ("yuv420p", "yuvj420p", "nv12")
+"""4:2:0 pixel formats whose bytes :func:`nv12_from_video` copies as they are."""
+
 
 class VideoDecodeError(ValueError):
-    """A video file OpenCV cannot open or decode."""
+    """A video file FFmpeg cannot open or decode."""
 
 
-def bgr_to_nv12(bgr: npt.NDArray[np.uint8]) -> Buffer:
-    """A height x width x 3 BGR image as an NV12 buffer in camerad's layout (padding 0).
+def ffmpeg_said(error: Exception) -> str:
+    """What FFmpeg said (its message without the error number and the call), or the error."""
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__
 
-    Uses OpenCV's BT.601 limited-range conversion to planar I420 (Y, then U and V at quarter
-    size), then interleaves U and V into NV12's chroma rows.
-    """
-    if bgr.ndim != 3 or bgr.shape[2] != 3 or bgr.dtype != np.uint8:
-        raise FrameGeometryError(
-            f"expected a height x width x 3 uint8 BGR image, got {bgr.dtype} {bgr.shape}",
-            expected="(height, width, 3) uint8",
-            observed=(str(bgr.dtype), bgr.shape),
-        )
-    height, width = bgr.shape[:2]
+
+def _plane(plane: av.video.plane.VideoPlane, rows: int, columns: int) -> Buffer:
+    data = np.frombuffer(memoryview(plane), dtype=np.uint8)
+    return data[: rows * plane.line_size].reshape(rows, plane.line_size)[:, :columns]
+
+
+def nv12_from_video(frame: av.VideoFrame) -> tuple[Buffer, int, int]:
+    """A decoded video frame as an NV12 buffer in camerad's layout (padding 0), with its width
+    and height. 4:2:0 frames (``yuv420p``, ``yuvj420p``, ``nv12``) keep their bytes; any other
+    pixel format is converted to ``yuv420p`` first. :class:`FrameGeometryError` for odd
+    dimensions."""
+    if frame.format.name not in _KEPT_FORMATS:
+        frame = frame.reformat(format="yuv420p")
+    width, height = frame.width, frame.height
     layout = nv12_layout(width, height)
-    i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
-    quarter = (height // 2) * (width // 2)
-    chroma = i420[height:].reshape(-1)
+    stride, rows = layout.stride, height // 2
     buffer = np.zeros(layout.size, dtype=np.uint8)
-    y = buffer[: height * layout.stride].reshape(height, layout.stride)
-    y[:, :width] = i420[:height]
-    uv_rows = buffer[layout.uv_offset : layout.uv_offset + (height // 2) * layout.stride]
-    uv = uv_rows.reshape(height // 2, layout.stride)[:, :width]
-    u = chroma[:quarter].reshape(height // 2, width // 2)
-    v = chroma[quarter:].reshape(height // 2, width // 2)
-    uv[...] = cv2.merge([u, v]).reshape(height // 2, width)  # U,V,U,V...
-    return buffer
+    buffer[: height * stride].reshape(height, stride)[:, :width] = _plane(
+        frame.planes[0], height, width
+    )
+    uv = buffer[layout.uv_offset : layout.uv_offset + rows * stride].reshape(rows, stride)
+    if frame.format.name == "nv12":
+        uv[:, :width] = _plane(frame.planes[1], rows, width)
+    else:
+        uv[:, 0:width:2] = _plane(frame.planes[1], rows, width // 2)
+        uv[:, 1:width:2] = _plane(frame.planes[2], rows, width // 2)
+    return buffer, width, height
+
+
+class _Decoder:
+    """The file's first video stream, decoded on the camera's worker thread only."""
+
+    def __init__(self, path: Path) -> None:
+        import av
+
+        self.path = path
+        try:
+            self._container = av.open(str(path))
+        except av.error.FFmpegError as exc:
+            raise VideoDecodeError(
+                f"FFmpeg cannot open video file {path} (not a video, or no decoder for it): "
+                f"{ffmpeg_said(exc)}"
+            ) from None
+        if not self._container.streams.video:
+            self._container.close()
+            raise VideoDecodeError(f"video file {path} holds no video stream")
+        self._stream = self._container.streams.video[0]
+        self._stream.codec_context.thread_count = 1
+        rate = self._stream.average_rate or self._stream.guessed_rate
+        self.rate = float(rate) if isinstance(rate, Fraction) and rate > 0 else None
+        """The file's frame rate (None: it reports none)."""
+        self.frames = self._stream.frames or None
+        """The frames the file says it holds (None: it does not say)."""
+        self._frames: Iterator[av.VideoFrame] = self._container.decode(self._stream)
+        from av.video.reformatter import VideoReformatter
+
+        self._reformatter = VideoReformatter()
+
+    def read(self, size: tuple[int, int] | None, *, rewind: bool) -> av.VideoFrame | None:
+        """The next frame as a limited-range 4:2:0 frame of ``size`` (None: its own); at the
+        end, None, or (``rewind``) the first frame again."""
+        import av
+
+        try:
+            frame = next(self._frames, None)
+            if frame is None and rewind:
+                self._container.seek(0)
+                self._frames = self._container.decode(self._stream)
+                frame = next(self._frames, None)
+        except av.error.FFmpegError as exc:
+            raise VideoDecodeError(
+                f"video file {self.path} cannot be decoded: {ffmpeg_said(exc)}"
+            ) from None
+        if frame is None:
+            return None
+        full_range = frame.format.name.startswith("yuvj") or frame.color_range == 2  # JPEG
+        own = (frame.width, frame.height)
+        if size is None and not full_range and frame.format.name in _KEPT_FORMATS:
+            return frame
+        width, height = own if size is None else size
+        return self._reformatter.reformat(
+            frame,
+            width=width,
+            height=height,
+            format="yuv420p",
+            interpolation="AREA",
+            src_color_range="JPEG" if full_range else None,
+            dst_color_range="MPEG",
+        )
+
+    def close(self) -> None:
+        self._container.close()
 
 
 class VideoFileCamera(RecordedSource):
-    """Frames decoded from a video file, converted to NV12 and paced like a camera.
+    """Frames decoded from a video file (any container and codec FFmpeg reads), converted to
+    NV12 and paced like a camera.
 
     * ``fps`` — pace (default: the file's own rate; a file that reports none needs one).
     * ``size`` — (width, height) or a camera: resize every frame to it (e.g. to a cabin camera's
@@ -79,10 +160,10 @@ class VideoFileCamera(RecordedSource):
       worker thread so the event loop stays free; a decode that overruns raises
       :class:`~aio_runtime.CameraTimeout`.
 
-    A missing file raises :class:`FileNotFoundError`; a file OpenCV cannot open or that yields no
+    A missing file raises :class:`FileNotFoundError`; a file FFmpeg cannot open or that yields no
     frame raises :class:`VideoDecodeError`, both when the first frame is requested (or on
     :meth:`open`). Frames are read ahead, as every recorded source's
-    (:class:`~pipelines.dms.frames.source.RecordedSource`); a frame's recorded times are its
+    (:class:`~pipelines.dms.frames.recorded.RecordedSource`); a frame's recorded times are its
     index times the frame period (0 for a file replayed that reports no rate).
     """
 
@@ -112,73 +193,59 @@ class VideoFileCamera(RecordedSource):
         self.loop = loop
         self.readout_ns = readout_ns
         self.decode_timeout = decode_timeout
-        self._capture: cv2.VideoCapture | None = None
-        self._lock = threading.Lock()  # one OpenCV call at a time: a read, or the release
+        self._decoder: _Decoder | None = None
+        self._lock = threading.Lock()  # one decoder call at a time: a read, or the close
         self._period_ns = 0
         self._next_id = 0
         """The next frame's id (the worker thread's)."""
 
     async def open(self) -> None:
         """Open the file (on a worker thread); done by the first frame request if not before."""
-        if self._capture is not None:
+        if self._decoder is not None:
             return
         if self._closed:
             raise RuntimeError(f"video camera for {self.path} is closed")
         if not self.path.is_file():
             raise FileNotFoundError(f"video file {self.path} does not exist (or is not a file)")
-        capture, rate = await self._blocking(
-            self._open_blocking,
+        decoder = await self._blocking(
+            lambda: _Decoder(self.path),
             awaited=f"opening video file {self.path}",
             timeout=self.decode_timeout,
         )
-        self._capture = capture
-        frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
-        self.length = int(frames) if frames > 0 and not self.loop else None
-        if self.fps is None and math.isfinite(rate) and rate > 0:
-            self.fps = rate
+        self._decoder = decoder
+        self.length = decoder.frames if not self.loop else None
+        if self.fps is None:
+            self.fps = decoder.rate
         if self.fps is None and self.paced:
-            capture.release()
-            self._capture = None
-            raise VideoDecodeError(
-                f"video file {self.path} reports no frame rate ({rate!r}); pass fps="
+            await self._blocking(
+                self._close_blocking,
+                awaited=f"closing video file {self.path}",
+                timeout=self.decode_timeout,
             )
+            raise VideoDecodeError(f"video file {self.path} reports no frame rate; pass fps=")
         self._period_ns = 0 if self.fps is None else period_ns(self.fps)
-
-    def _open_blocking(self) -> tuple[cv2.VideoCapture, float]:
-        capture = cv2.VideoCapture(str(self.path))
-        if not capture.isOpened():
-            capture.release()
-            raise VideoDecodeError(
-                f"OpenCV cannot open video file {self.path} (not a video, or no decoder for it)"
-            )
-        return capture, float(capture.get(cv2.CAP_PROP_FPS))
 
     def _read_blocking(self, frame_id: int) -> tuple[Buffer, int, int] | None:
         """The next frame as (NV12 buffer, width, height), or None at the end of the file (or
         once closed)."""
         with self._lock:
-            capture = self._capture
-            if capture is None:
+            decoder = self._decoder
+            if decoder is None:
                 return None
-            ok, image = capture.read()
-            if not ok and self.loop and frame_id > 0:
-                capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
-                ok, image = capture.read()
-        if not ok:
+            decoded = decoder.read(self.size, rewind=self.loop and frame_id > 0)
+        if decoded is None:
             if frame_id == 0:
                 raise VideoDecodeError(f"video file {self.path} yields no decodable frame")
             return None
-        bgr: Buffer = np.asarray(image, dtype=np.uint8)
-        height, width = bgr.shape[:2]
-        if self.size is not None and (width, height) != self.size:
-            bgr = np.asarray(cv2.resize(bgr, self.size, interpolation=cv2.INTER_AREA))
-            width, height = self.size
-        elif width % 2 or height % 2:
+        if decoded.width % 2 or decoded.height % 2:
             raise VideoDecodeError(
-                f"video file {self.path} is {width}x{height}; NV12 needs even dimensions "
-                "(pass size= to resize)"
+                f"video file {self.path} is {decoded.width}x{decoded.height}; NV12 needs even "
+                "dimensions (pass size= to resize)"
             )
-        return bgr_to_nv12(bgr), width, height
+        try:
+            return nv12_from_video(decoded)
+        except FrameGeometryError as exc:
+            raise VideoDecodeError(f"video file {self.path}: {exc}") from None
 
     def _read_recorded(self) -> Frame | None:
         frame_id = self._next_id
@@ -205,21 +272,21 @@ class VideoFileCamera(RecordedSource):
         )
 
     async def aclose(self) -> None:
-        """Release the decoder (after any decode still running on its worker thread)."""
+        """Close the decoder (after any decode still running on its worker thread)."""
         self._closed = True
         try:
             self._withdraw()
-            if self._capture is not None:
+            if self._decoder is not None:
                 await self._blocking(
-                    self._release_blocking,
-                    awaited=f"releasing video file {self.path}",
+                    self._close_blocking,
+                    awaited=f"closing video file {self.path}",
                     timeout=self.decode_timeout,
                 )
         finally:
             self._end_worker()
 
-    def _release_blocking(self) -> None:
+    def _close_blocking(self) -> None:
         with self._lock:
-            if self._capture is not None:
-                self._capture.release()
-                self._capture = None
+            if self._decoder is not None:
+                self._decoder.close()
+                self._decoder = None
