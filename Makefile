@@ -14,7 +14,7 @@ system-packages:
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dms,test,umockdev,dev,fleet]'
+	$(PY) -m pip install --quiet -e '.[all,test,umockdev,dev]'
 	@touch $@
 
 run: setup
@@ -34,7 +34,8 @@ test: setup
 
 # The built wheel as users install it, in fresh virtual environments (packages from PyPI): bare,
 # the runtime core and the transports; with the dms extra, the DMS service, a user's pytest file on
-# the aio_runtime plugin, and mypy over a user's code typed against the service.
+# the aio_runtime plugin, and mypy over a user's code typed against the service; then the video,
+# report and fleet extras added, with the installed size of each.
 wheel-check: setup
 	scripts/wheel-check/check.sh $(PY)
 

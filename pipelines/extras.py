@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
-__all__ = ["DMS", "DMS_EXTRA", "FLEET", "FLEET_EXTRA", "REPORT", "Extra"]
+__all__ = ["DMS", "DMS_EXTRA", "FLEET", "FLEET_EXTRA", "REPORT", "VIDEO", "Extra"]
 
 _OWN_PACKAGES = ("aio_runtime", "transports", "pipelines")
 
@@ -48,12 +48,16 @@ class Extra:
             return missing  # what a distribution installs: ``hypercorn`` for ``hypercorn.config``
         return None
 
+    def lacking(self, missing: str) -> str:
+        """What is wrong, and what to type, when ``missing`` is not installed."""
+        return (
+            f"{self.needed_by} the {self.name} extra, which is not installed (no module named "
+            f"{missing!r}): {self.install}"
+        )
+
     def refusal(self, command: str, missing: str) -> str:
         """The line that refuses ``command`` because ``missing`` is not installed."""
-        return (
-            f"aio-dms {command}: {self.needed_by} the {self.name} extra, which is not "
-            f"installed (no module named {missing!r}): {self.install}"
-        )
+        return f"aio-dms {command}: {self.lacking(missing)}"
 
 
 def _found(module: str) -> bool:
@@ -73,8 +77,10 @@ DMS = Extra(
         "hypercorn.config",  # imported by the health server as it starts
     ),
 )
-REPORT = Extra("dms", "the DMS service needs", finds=("matplotlib",))
-"""The report's pictures (matplotlib, in the dms extra)."""
+REPORT = Extra("report", "the report's plots need", finds=("matplotlib",))
+"""The report's plots (matplotlib)."""
+VIDEO = Extra("video", "video files and route segments need", finds=("av",))
+"""Video decoding (PyAV: FFmpeg's decoders), for a camera that is a video file or a segment."""
 FLEET = Extra("fleet", "fleet replays need", finds=("pyarrow", "ray"))
 
 DMS_EXTRA = DMS.install

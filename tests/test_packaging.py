@@ -35,6 +35,8 @@ OPTIONAL_IMPORTS = {
     "gi": "umockdev",  # the simulator as an emulated USB device (tests/umockdev)
     "pyarrow": "fleet",  # Parquet (replay --parquet, fleet replays), imported only for them
     "ray": "fleet",  # fleet replays, imported only for them
+    "av": "video",  # video files and route segments as cameras, imported only for them
+    "matplotlib": "report",  # the report's plots, imported only for them
 }
 """Imports that no installed command needs, or only some option or command of one does, and the
 extra that declares each."""
@@ -222,7 +224,29 @@ def test_report_without_matplotlib_names_what_is_missing_and_what_to_install(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        "aio-dms report: the DMS service needs the dms extra, which is not installed "
-        "(no module named 'matplotlib'): pip install 'aio-dms[dms]'\n"
+        "aio-dms report: the report's plots need the report extra, which is not installed "
+        "(no module named 'matplotlib'): pip install 'aio-dms[report]'\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("camera", ["video", "segment"])
+def test_a_video_camera_without_the_video_extra_is_refused_naming_it(
+    not_installed, capsys, tmp_path, camera
+):
+    if camera == "video":
+        path = tmp_path / "cabin.mp4"
+        path.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(64))
+    else:
+        path = tmp_path / "a--0"
+        path.mkdir()
+        (path / "dcamera.hevc").write_bytes(b"\x00\x00\x01" + bytes(64))
+        (path / "rlog").write_bytes(b"")
+    argv = ["run", "--camera", str(path), "--frames", "1", "--health-port", "0"]
+    assert not_installed("av").main(argv) == ExitCode.REFUSED
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"aio-dms run: camera {str(path)!r}: video files and route segments need the video "
+        "extra, which is not installed (no module named 'av'): pip install 'aio-dms[video]'\n"
+    )

@@ -5,10 +5,12 @@
 #             and `aio-dms demo` work, `aio-dms run` and `model-info` are refused in one line
 #             that says what to install (exit 2);
 #   [dms]     `pip install 'aio-dms[dms]'` (plus pytest and pytest-asyncio): `aio-dms --version`,
-#             `model-info`, `run --frames 40`; a user's pytest file on the aio_runtime plugin; mypy
+#             `model-info`, `run --frames 40`, a video camera refused in one line that names
+#             the video extra; a user's pytest file on the aio_runtime plugin; mypy
 #             --strict (the development environment's, pointed at this environment's interpreter)
 #             over a user's code typed against DmsService, and over a copy with a deliberate type
-#             error, which it must report.
+#             error, which it must report; then the video, report and fleet extras added one by
+#             one, each one's installed size printed.
 # Usage: scripts/wheel-check/check.sh DEV_PYTHON (the development environment's interpreter, which
 # builds the wheel and runs mypy). Prints each check; the first that fails ends it, saying why.
 set -euo pipefail
@@ -121,6 +123,12 @@ expect 0 "aio-dms model-info (the reference model built on first use)" \
 expect 0 "aio-dms run --frames 40 --budget 2 --health-port 0" \
   "$work/dms/bin/aio-dms" run --frames 40 --budget 2 --health-port 0
 grep -q "summary" "$work/out" || fail "aio-dms run printed no summary"
+printf '\x00\x00\x00\x18ftypmp42' >"$work/cabin.mp4"
+expect 2 "aio-dms run --camera cabin.mp4 is refused without the video extra" \
+  "$work/dms/bin/aio-dms" run --camera "$work/cabin.mp4" --frames 1 --health-port 0
+[[ "$err" == *"the video extra, which is not installed (no module named 'av'): pip install 'aio-dms[video]'" ]] ||
+  fail "aio-dms run --camera cabin.mp4 said: $err"
+echo "     $err"
 mkdir "$work/user"
 cp "$here/test_user_kit.py" "$work/user/"
 expect 0 "a user's pytest file on the aio_runtime plugin (ledger, captured_logs, virtual time)" \
@@ -139,7 +147,19 @@ expect 1 "mypy --strict reports the deliberate type error" \
   fail "mypy did not report exactly the deliberate error on line $mistake_line: $out"
 echo "     $(head -n 1 "$work/out")"
 
+step "the other extras, each added to the dms environment (pytest and pytest-asyncio apart)"
+sizes=()
+before_kib=$(site_packages_kib "$work/dms")
+for extra in video report fleet; do
+  expect 0 "pip install $(basename "$wheel")[$extra]" \
+    "$work/dms/bin/python" -m pip install --quiet "$wheel[$extra]"
+  after_kib=$(site_packages_kib "$work/dms")
+  sizes+=("$extra +$(((after_kib - before_kib) / 1024)) MiB")
+  before_kib=$after_kib
+done
+
 step "installed size (site-packages, less the $((venv_kib / 1024)) MiB a fresh environment holds)"
 bare_kib=$(site_packages_kib "$work/bare")
 echo "  bare: $(((bare_kib - venv_kib) / 1024)) MiB; with the dms extra: $(((dms_kib - venv_kib) / 1024)) MiB"
+echo "  added to the dms extra: $(IFS=';'; echo "${sizes[*]}" | sed 's/;/, /g')"
 printf '\nwheel-check passed in %d s\n' "$SECONDS"

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import anyio
 
+from ...extras import VIDEO
 from ..config.kinds import CameraFile, CameraSpec
 from ..openpilot.segment_log import VIDEO_NAME
 from .source import CLOSE_BOUND, FrameSource
 
-__all__ = ["InputKind", "classify", "open_camera", "open_segment"]
+__all__ = ["InputKind", "check_camera", "classify", "open_camera", "open_segment"]
 
 
 class InputKind(enum.Enum):
@@ -50,6 +51,19 @@ def classify(path: Path) -> InputKind:
     return InputKind.RECORDING if magic == FILE_MAGIC else InputKind.VIDEO
 
 
+def check_camera(spec: CameraSpec) -> None:
+    """What the camera ``spec`` names needs installed is there: a video file or a route segment
+    needs the video extra (PyAV). :class:`ValueError` with the line that says what to install;
+    :class:`OSError` for a file that cannot be read."""
+    if isinstance(spec, CameraFile):
+        _check_kind(spec, classify(spec.path))
+
+
+def _check_kind(spec: CameraFile, kind: InputKind) -> None:
+    if kind is not InputKind.RECORDING and (missing := VIDEO.missing()) is not None:
+        raise ValueError(f"camera {str(spec)!r}: {VIDEO.lacking(missing)}")
+
+
 def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
     """The source ``spec`` names: the synthetic camera; an openpilot route segment, for a
     directory (:class:`~pipelines.dms.frames.segment.SegmentCamera`); or a file — a
@@ -69,6 +83,7 @@ def open_camera(spec: CameraSpec, *, paced: bool = True) -> FrameSource:
         raise FileNotFoundError(
             f"camera {str(spec)!r}: no such file (or use 'synthetic')"
         ) from None
+    _check_kind(spec, kind)
     if kind in (InputKind.SEGMENT, InputKind.DIRECTORY):  # the segment says what it lacks
         from .segment import SegmentCamera
 

@@ -36,7 +36,7 @@ from .source import period_ns
 if TYPE_CHECKING:
     import av
 
-__all__ = ["VideoDecodeError", "VideoFileCamera", "nv12_from_video"]
+__all__ = ["VideoDecodeError", "VideoFileCamera", "ffmpeg_said", "nv12_from_video"]
 
 Buffer = npt.NDArray[np.uint8]
 

@@ -35,7 +35,7 @@ from aio_runtime import ExcInfo, Transition, realtime_threads
 from ..backends.link import TransportOpener
 from ..config.kinds import CameraFile, CameraSpec, Mode
 from ..config.settings import ServiceConfig
-from ..frames import open_segment
+from ..frames import check_camera, open_segment
 from ..frames.frame import Frame
 from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource
 from ..frames.synthetic import SyntheticCalibration
@@ -164,6 +164,7 @@ class DmsService:
             with refused():
                 cfg.check_environment()
                 if self._source is None:
+                    check_camera(cfg.camera)
                     self._segment = await open_segment(cfg.camera, paced=cfg.mode is Mode.LIVE)
             for kind in SINKS:
                 with refused(kind.setting):
