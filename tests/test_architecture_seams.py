@@ -284,3 +284,28 @@ def test_each_sink_kind_reads_settings_of_the_service_and_opens_its_sinks():
     for kind in SINKS:
         assert set(kind.settings) <= fields, kind
         assert callable(kind.load().open_sinks), kind
+
+
+def test_each_sink_kind_that_writes_a_file_checks_it_is_new_unless_appended_to(tmp_path):
+    from pipelines.dms.config.settings import Mode, ServiceConfig
+    from pipelines.dms.sinks import SINKS
+
+    def made(**settings: object) -> ServiceConfig:
+        return ServiceConfig(camera=str(tmp_path / "drive.dmsrec"), mode=Mode.REPLAY, **settings)
+
+    names = {"jsonl": "run.jsonl", "rlog": "rlog.zst", "parquet": "run.parquet"}
+    writers = [kind for kind in SINKS if kind.writes_file]
+    assert {kind.setting for kind in writers} == set(names)
+    for kind in writers:
+        name = names[kind.setting]
+        (tmp_path / "old").mkdir(exist_ok=True)
+        there = tmp_path / "old" / name
+        there.write_bytes(b"an earlier run's")
+        config = made(**{kind.setting: str(there)})
+        with pytest.raises(ValueError, match=f"^{kind.setting} .*exists"):
+            kind.check_environment(config)
+        kind.check_environment(made(**{kind.setting: str(tmp_path / name)}))
+        if kind.appended_by is not None:
+            kind.check_environment(dataclasses.replace(config, **{kind.appended_by: True}))
+        with pytest.raises(ValueError, match="no such directory"):
+            kind.check_environment(made(**{kind.setting: str(tmp_path / "no" / name)}))

@@ -7,7 +7,6 @@ thread on, and the real-time priority it takes for its threads — as openpilot'
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aio_runtime import can_run_realtime
@@ -34,24 +33,14 @@ REALTIME_PRIORITIES = (1, 99)
 
 def check_environment(config: ServiceConfig) -> None:
     """The camera and model files exist and can be read (a camera directory holds a route
-    segment's video and log); the JSON lines file can be written (its directory exists; a file
-    already there only when appending to it), and so can the log and the Parquet file (new
-    files); the model's CPUs are CPUs this process may use, with one left for the event loop;
-    the real-time priority is one it may take. :class:`ValueError` saying what was expected."""
+    segment's video and log); the model's CPUs are CPUs this process may use, with one left for
+    the event loop; the real-time priority is one it may take. :class:`ValueError` saying what
+    was expected. The files the sinks write are their own kinds' to check
+    (:meth:`pipelines.dms.sinks.SinkKind.check_environment`), as the service starts."""
     if isinstance(config.camera, CameraFile):
         config.camera.check_environment()
     if config.model is not None:
         values.readable_file("model", config.model, "expected an ONNX model file")
-    if config.jsonl is not None and config.jsonl != "-":
-        values.writable_file("jsonl", Path(config.jsonl))
-        if not config.jsonl_append and Path(config.jsonl).is_file():
-            raise ValueError(
-                f"jsonl {config.jsonl!r} exists: refused unless jsonl_append (--append) is set"
-            )
-    if config.rlog is not None:
-        values.new_file("rlog", config.rlog)
-    if config.parquet is not None:
-        values.new_file("parquet", config.parquet)
     config.placed_cpus()
     check_realtime(config.realtime)
 

@@ -163,6 +163,8 @@ class DmsService:
         try:
             with refused():
                 cfg.check_environment()
+                for kind in SINKS:
+                    kind.check_environment(cfg)
                 if self._source is None:
                     check_camera(cfg.camera)
                     self._segment = await open_segment(cfg.camera, paced=cfg.mode is Mode.LIVE)

@@ -7,9 +7,9 @@ sinks driven as one (:mod:`.publish`), and one module a kind: in-process subscri
 Here, the table of the kinds a setting turns on (:data:`SINKS`): each row names the settings of
 :class:`~pipelines.dms.config.settings.ServiceConfig` it reads (the first turns it on), its module
 (imported only when the kind is used) and whether its setting names a file the run writes. A kind's
-module gives ``open_sinks(config, rows) -> list[Sink]``. Everything that
-iterates the sinks — the service opening them, the run's list of files, the settings a fleet does
-not take — reads this table; adding a sink is one module, one row and one setting.
+module gives ``open_sinks(config, rows) -> list[Sink]``. Everything that iterates the sinks — the
+service checking their files and opening them, the run's list of files, the settings a fleet
+does not take — reads this table; adding a sink is one module, one row and one setting.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ class SinkKind:
     module: str
     """Its module, relative to this package: it gives ``open_sinks(config, rows)``."""
     writes_file: bool = False
-    """Its setting names a file the run writes (``-``: standard output, no file)."""
+    """Its setting names a file the run writes (``-``: standard output, no file): a new file,
+    checked as the service starts (:meth:`check_environment`)."""
+    appended_by: str | None = None
+    """The setting that lets the file be there already, to be appended to (None: it must be
+    new)."""
 
     @property
     def setting(self) -> str:
@@ -59,13 +63,31 @@ class SinkKind:
         value = getattr(config, self.setting)
         return Path(value) if self.writes_file and value not in (None, "-") else None
 
+    def check_environment(self, config: ServiceConfig) -> None:
+        """The file it writes, if any, can be written: a new file, or one there already where
+        its ``appended_by`` setting is on. :class:`ValueError` saying what was expected."""
+        from ..config import values
+
+        path = self.file(config)
+        if path is None:
+            return
+        if self.appended_by is None:
+            values.new_file(self.setting, path)
+            return
+        values.writable_file(self.setting, path)
+        if not getattr(config, self.appended_by) and path.is_file():
+            raise ValueError(
+                f"{self.setting} {str(path)!r} exists: refused unless {self.appended_by} "
+                "(--append) is set"
+            )
+
     def load(self) -> ModuleType:
         return importlib.import_module(self.module, __name__)
 
 
 SINKS = (
     SinkKind(("zmq",), ".zmq"),
-    SinkKind(("jsonl", "jsonl_append"), ".jsonl", writes_file=True),
+    SinkKind(("jsonl", "jsonl_append"), ".jsonl", writes_file=True, appended_by="jsonl_append"),
     SinkKind(("rlog",), ".rlog", writes_file=True),
     SinkKind(("parquet",), ".parquet", writes_file=True),
     SinkKind(("cereal_zmq",), ".cereal"),
