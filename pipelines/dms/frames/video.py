@@ -106,9 +106,7 @@ class _Decoder:
         self.frames = self._stream.frames or None
         """The frames the file says it holds (None: it does not say)."""
         self._frames: Iterator[av.VideoFrame] = self._container.decode(self._stream)
-        from av.video.reformatter import VideoReformatter
-
-        self._reformatter = VideoReformatter()
+        self._reformatter = av.video.reformatter.VideoReformatter()
 
     def read(self, size: tuple[int, int] | None, *, rewind: bool) -> av.VideoFrame | None:
         """The next frame as a limited-range 4:2:0 frame of ``size`` (None: its own); at the
@@ -127,7 +125,10 @@ class _Decoder:
             ) from None
         if frame is None:
             return None
-        full_range = frame.format.name.startswith("yuvj") or frame.color_range == 2  # JPEG
+        full_range = (
+            frame.format.name.startswith("yuvj")
+            or frame.color_range == av.video.reformatter.ColorRange.JPEG
+        )
         own = (frame.width, frame.height)
         if size is None and not full_range and frame.format.name in _KEPT_FORMATS:
             return frame
