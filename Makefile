@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup system-packages run demo test wheel-check bench check clean
+.PHONY: setup system-packages run demo test docs wheel-check bench check clean
 
 setup: system-packages $(INSTALLED)
 
@@ -14,7 +14,7 @@ system-packages:
 $(INSTALLED): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[all,test,umockdev,dev]'
+	$(PY) -m pip install --quiet -e '.[all,test,umockdev,dev,docs]'
 	@touch $@
 
 run: setup
@@ -31,6 +31,11 @@ test: setup
 	$(PY) -m pytest --ignore=tests/umockdev --ignore=tests/fleet
 	$(PY) -m pytest tests/fleet --timeout-method=thread
 	AIO_DMS_REQUIRE_UMOCKDEV=1 umockdev-wrapper $(PY) -m pytest tests/umockdev --timeout=30 --timeout-method=thread
+
+# The documentation site (mkdocs.yml, docs/; API pages from the docstrings) into site/. --strict:
+# any warning fails the build, a broken link, anchor or cross-reference included.
+docs: setup
+	$(PY) -m mkdocs build --strict --site-dir site
 
 # The built wheel as users install it, in fresh virtual environments (packages from PyPI): bare,
 # the runtime core and the transports; with the dms extra, the DMS service, a user's pytest file on
@@ -62,4 +67,4 @@ check: setup
 	$(PY) -m mypy --strict aio_runtime transports pipelines
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

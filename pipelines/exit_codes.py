@@ -1,4 +1,4 @@
-"""The exit codes of every ``aio-dms`` command, defined once (the README's table is this one)."""
+"""The exit codes of every ``aio-dms`` command, defined once (the table in docs/commands.md is this one)."""
 
 from __future__ import annotations
 

@@ -92,17 +92,18 @@ def test_model_info_reads_a_model_by_path_and_explains_a_mismatch(tmp_path):
     assert result.returncode == 2 and "a directory (expected an ONNX model file)" in result.stderr
 
 
-def readme_example(index: int = 0) -> str:
-    text = (ROOT / "README.md").read_text()
+def docs_example(page: str, index: int = 0) -> str:
+    """The python example #index + 1 of a documentation page (docs/PAGE), as the page shows it."""
+    text = (ROOT / "docs" / page).read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     if len(blocks) <= index:
-        pytest.fail(f"README.md has no python example #{index + 1}")
+        pytest.fail(f"docs/{page} has no python example #{index + 1}")
     return blocks[index]
 
 
-def test_readme_example_runs_and_prints_what_it_says(tmp_path):
+def test_the_cores_example_runs_and_prints_what_it_says(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(readme_example())
+    script.write_text(docs_example("core.md"))
     result = run(str(script))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
@@ -113,9 +114,9 @@ def test_readme_example_runs_and_prints_what_it_says(tmp_path):
     assert lines[2] == "hardware timeout: gpu-queue expected=2 observed=1"
 
 
-def test_readme_transports_example_runs_and_prints_what_it_says(tmp_path):
+def test_the_transports_example_runs_and_prints_what_it_says(tmp_path):
     script = tmp_path / "transports_example.py"
-    script.write_text(readme_example(1))
+    script.write_text(docs_example("transports.md"))
     result = run(str(script))
     assert result.returncode == 0, result.stderr
     printed = [

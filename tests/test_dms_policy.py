@@ -1,5 +1,5 @@
-"""The DMS policy on its own, row by row of the README's decision table: a frame's result in, a
-verdict and a report to the availability out — no service, no clock (times are given)."""
+"""The DMS policy on its own, row by row of the decision table in docs/service.md: a frame's result
+in, a verdict and a report to the availability out — no service, no clock (times are given)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The example programs run and do what they say, and the README shows them as they are."""
+"""The example programs run and do what they say, and docs/service.md shows them as they are."""
 
 from __future__ import annotations
 
@@ -72,13 +72,13 @@ def test_the_trio_embedding_example_is_refused_a_port_in_use_and_follows_a_camer
 
 
 def example_code(name: str) -> str:
-    """An example as the README shows it: its code after the docstring and the future import."""
+    """An example as the docs show it: its code after the docstring and the future import."""
     text = (ROOT / "examples" / name).read_text()
     return text.split("from __future__ import annotations\n\n", 1)[1].strip("\n")
 
 
-def test_the_readme_shows_the_embedding_examples_as_they_are():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Embedding the DMS service\n", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_show_the_embedding_examples_as_they_are():
+    page = (ROOT / "docs" / "service.md").read_text()
+    section = page.split("## Embedding the DMS service\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)\n```", section, re.S)
     assert blocks == [example_code("embed_asyncio.py"), example_code("embed_trio.py")]

@@ -1,7 +1,7 @@
-"""The README's test of the DMS service under virtual time, as the README shows it, run.
+"""The documentation's test of the DMS service under virtual time, as docs/testing.md shows it, run.
 
-Everything from the first import to the end of the first test is the README's code block, word for
-word (``test_the_readme_shows_this_test_as_it_is`` checks it).
+Everything from the first import to the end of the first test is that page's code block, word for
+word (``test_the_docs_show_this_test_as_it_is`` checks it).
 """
 
 import pytest
@@ -33,14 +33,14 @@ async def test_a_gpu_hang_makes_the_service_unavailable_until_it_clears():
     assert service.summary.frames.received == 60
 
 
-def test_the_readme_shows_this_test_as_it_is():
+def test_the_docs_show_this_test_as_it_is():
     from pathlib import Path
 
     here = Path(__file__).read_text()
-    shown = here[here.index("import pytest") : here.index("\n\ndef test_the_readme_shows")]
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    # a plain fence: the README's ```python blocks are the programs tests/test_cli.py runs
-    assert f"```\n{shown.strip()}\n```" in readme
+    shown = here[here.index("import pytest") : here.index("\n\ndef test_the_docs_show")]
+    page = (Path(__file__).parent.parent / "docs" / "testing.md").read_text()
+    # a plain fence: the docs' ```python blocks are programs that tests run (tests/test_cli.py)
+    assert f"```\n{shown.strip()}\n```" in page
 
 
 @pytest.mark.asyncio

@@ -155,17 +155,19 @@ def test_a_fleet_spreads_over_two_nodes(ray_cluster, recordings, tmp_path):
     assert pq.read_table(out / "frames").num_rows == 24 + 30 + 36
 
 
-def readme_fleet_example() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+def docs_fleet_example() -> str:
+    """The fleet's python example as docs/fleets.md shows it."""
+    page = (ROOT / "docs" / "fleets.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     (block,) = [block for block in blocks if "run_fleet(plan)" in block]
     return block
 
 
-def test_the_readme_fleet_example_runs_on_a_local_cluster_of_its_own(recordings, tmp_path):
+def test_the_docs_fleet_example_runs_on_a_local_cluster_of_its_own(recordings, tmp_path):
     (tmp_path / "drives").mkdir()
     for name in ("a", "b"):
         (tmp_path / "drives" / f"{name}.dmsrec").write_bytes(recordings[name].read_bytes())
-    (tmp_path / "example.py").write_text(readme_fleet_example())
+    (tmp_path / "example.py").write_text(docs_fleet_example())
     done = subprocess.run(
         [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True,
         timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)},
