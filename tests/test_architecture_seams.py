@@ -249,6 +249,14 @@ KIND_TABLES = {
             "zmq_gate": "the ZeroMQ kinds' cap on subscribers",
         },
     ),
+    "pipelines/dms/backends": (
+        "BACKENDS",
+        {
+            "base": "the seam: the protocol, the device, open_device",
+            "accelerator": "the accelerator's runner and session, over any USB transport",
+            "link": "the accelerator's USB link: taken, given back, probed",
+        },
+    ),
     "pipelines/cli": (
         "COMMANDS",
         {
@@ -309,3 +317,12 @@ def test_each_sink_kind_that_writes_a_file_checks_it_is_new_unless_appended_to(t
             kind.check_environment(dataclasses.replace(config, **{kind.appended_by: True}))
         with pytest.raises(ValueError, match="no such directory"):
             kind.check_environment(made(**{kind.setting: str(tmp_path / "no" / name)}))
+
+
+def test_each_device_kind_is_a_row_of_the_backends_table_whose_module_opens_it():
+    from pipelines.dms.backends import BACKENDS, backend_kind
+    from pipelines.dms.config.kinds import DeviceKind
+
+    assert [kind.device for kind in BACKENDS] == list(DeviceKind)
+    for device in DeviceKind:
+        assert callable(backend_kind(device).load().open_device), device

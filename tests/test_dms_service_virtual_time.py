@@ -38,8 +38,7 @@ from aio_runtime import (
 )
 from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.dms.backends.accelerator import MODEL_KERNEL
-from pipelines.dms.backends.base import CpuBackend
-from pipelines.dms.backends.cpu import OnnxRunner
+from pipelines.dms.backends.cpu import CpuBackend, OnnxRunner
 from pipelines.dms.backends.sim import model_kernel, simulated_device
 from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.frames.synthetic import SyntheticCamera

@@ -18,8 +18,9 @@ event loop was late to look and time the runtime's worker threads waited for a C
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Hashable
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
 
 import anyio
@@ -35,6 +36,7 @@ from aio_runtime import (
     SignalTimeout,
     Starvation,
     current_deadline,
+    deadline_scope,
     now,
     wait_complete,
 )
@@ -42,7 +44,21 @@ from transports.errors import GpuFault
 from transports.gpu import Buffer, GpuSession, SessionConfig, bridge_answers
 from transports.usb import UsbTransport
 
-__all__ = ["LOOKS_PER_HANG", "MODEL_KERNEL", "AcceleratorRunner", "PhaseTimes", "StallEvidence"]
+from ..config.settings import ServiceConfig
+from ..model.contract import ModelContract
+from ..model.warp import MODEL_INPUT_SIZE
+from .base import Device, Inference, ModelBackend
+from .link import AcceleratorLink, LentTransport, TransportOpener
+
+__all__ = [
+    "LOOKS_PER_HANG",
+    "MODEL_KERNEL",
+    "AcceleratorBackend",
+    "AcceleratorRunner",
+    "PhaseTimes",
+    "StallEvidence",
+    "open_accelerator",
+]
 
 MODEL_KERNEL = 0x100
 """The kernel that runs the model: ``(image, calib, output)`` buffer addresses."""
@@ -373,3 +389,68 @@ class AcceleratorRunner:
         """Close without a word to the device: one that does not answer
         (:meth:`GpuSession.abandon <transports.gpu.GpuSession.abandon>`)."""
         await self.session.abandon()
+
+
+class AcceleratorBackend:
+    """An accelerator session: one run at a time; a run that makes no progress for
+    ``kernel_timeout`` (the hang bound) ends hung (:meth:`AcceleratorRunner.run
+    <pipelines.dms.backends.accelerator.AcceleratorRunner.run>`)."""
+
+    runs_back_to_back = False
+
+    def __init__(self, runner: AcceleratorRunner, *, kernel_timeout: float) -> None:
+        self.runner = runner
+        self.kernel_timeout = kernel_timeout
+
+    async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
+        output, phases = await self.runner.run(image, calib, timeout=self.kernel_timeout)
+        return Inference(output.reshape(-1), phases.device)
+
+    async def aclose(self) -> None:
+        await self.runner.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_accelerator(
+    config: ServiceConfig, contract: ModelContract, opener: TransportOpener
+) -> AsyncIterator[Device]:
+    session_config = SessionConfig(
+        kernel_timeout=config.gpu_hang_after,
+        fence_timeout=config.fence_timeout,
+        bulk_timeout=config.bulk_timeout,
+    )
+    probe_timeout = config.budget
+
+    @contextlib.asynccontextmanager
+    async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
+        usb: LentTransport | None = None
+        try:
+            with deadline_scope(config.device_open_timeout, name="accelerator open"):
+                usb = await link.take()
+                runner = await AcceleratorRunner.open(
+                    usb,
+                    image_size=MODEL_INPUT_SIZE,
+                    output_size=contract.output_length,
+                    config=session_config,
+                    readiness=readiness,
+                )
+            backend = AcceleratorBackend(runner, kernel_timeout=config.gpu_hang_after)
+            try:
+                yield backend
+            except Exception:
+                # The session failed: a device that no longer answers is not waited for.
+                if await runner.answers(timeout=probe_timeout):
+                    await backend.aclose()
+                else:
+                    await runner.abandon()
+                raise
+            except BaseException:
+                await backend.aclose()
+                raise
+            await backend.aclose()
+        finally:
+            if usb is not None:
+                link.give_back(usb)
+
+    async with AcceleratorLink(opener, probe_timeout=probe_timeout) as link:
+        yield Device("accelerator", contract, session, restartable=True, probe=link.probe)

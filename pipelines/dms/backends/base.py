@@ -1,6 +1,8 @@
-"""The model's backends: one protocol (:class:`ModelBackend`), two implementations — onnxruntime on
-the CPU (:class:`CpuBackend`) and an accelerator session over any USB transport
-(:class:`AcceleratorBackend`) — and :func:`open_device`, the one place that reads the device kind.
+"""The model's backends' seam: one protocol (:class:`ModelBackend`), what a device is once open
+(:class:`Device`), and :func:`open_device`, which loads the model and has the device kind's module
+(a row of :data:`~pipelines.dms.backends.BACKENDS`) open the device: onnxruntime on the CPU
+(:class:`~pipelines.dms.backends.cpu.CpuBackend`), or an accelerator session over any USB
+transport (:class:`~pipelines.dms.backends.accelerator.AcceleratorBackend`).
 
 The accelerator's sessions can fail; its :class:`Device` has a probe (does the bridge answer?) by
 which its supervisor reopens it as soon as it is back (:mod:`.link`), and a session
@@ -11,7 +13,6 @@ only wait out the bounds of transfers nobody answers.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -20,31 +21,17 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from aio_runtime import (
-    ModelTimeout,
-    Readiness,
-    ReadinessLayer,
-    deadline_scope,
-    run_in_thread,
-)
-from transports.gpu import SessionConfig
+from aio_runtime import ModelTimeout, Readiness, run_in_thread
 from transports.sim import FaultPlan
-from transports.sim.usb import SimUsbTransport
-from transports.usb import UsbTransport
 
 from ..config.kinds import DeviceKind
 from ..config.settings import ServiceConfig
 from ..model.contract import ModelContract, load_contract
 from ..model.reference import reference_model_path
-from ..model.warp import MODEL_INPUT_SIZE
-from .accelerator import AcceleratorRunner
-from .cpu import OnnxRunner
-from .link import AcceleratorLink, LentTransport, TransportOpener
-from .sim import simulated_device
+from . import backend_kind
+from .link import TransportOpener
 
 __all__ = [
-    "AcceleratorBackend",
-    "CpuBackend",
     "Device",
     "Inference",
     "ModelBackend",
@@ -76,42 +63,6 @@ class ModelBackend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-class CpuBackend:
-    """onnxruntime on the CPU: runs follow each other on the runner's thread."""
-
-    runs_back_to_back = True
-
-    def __init__(self, runner: OnnxRunner) -> None:
-        self.runner = runner
-
-    async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
-        start = time.perf_counter()
-        output = await self.runner.run(image, calib, handed_over=True, replace_waiting=True)
-        return Inference(output, time.perf_counter() - start)
-
-    async def aclose(self) -> None:
-        """Nothing: the runner belongs to the device, which closes it."""
-
-
-class AcceleratorBackend:
-    """An accelerator session: one run at a time; a run that makes no progress for
-    ``kernel_timeout`` (the hang bound) ends hung (:meth:`AcceleratorRunner.run
-    <pipelines.dms.backends.accelerator.AcceleratorRunner.run>`)."""
-
-    runs_back_to_back = False
-
-    def __init__(self, runner: AcceleratorRunner, *, kernel_timeout: float) -> None:
-        self.runner = runner
-        self.kernel_timeout = kernel_timeout
-
-    async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
-        output, phases = await self.runner.run(image, calib, timeout=self.kernel_timeout)
-        return Inference(output.reshape(-1), phases.device)
-
-    async def aclose(self) -> None:
-        await self.runner.aclose()
 
 
 SessionOpener = Callable[[Readiness], AbstractAsyncContextManager[ModelBackend]]
@@ -157,7 +108,7 @@ async def open_device(
     """Load the model and open ``config.device`` for it. ``transport``: the accelerator's USB
     transports (default: a simulated accelerator in this process, its faults scripted by
     ``plan``, see :func:`simulator_plan`); ``model_cpus``: the CPUs of the CPU runner's thread.
-    With :func:`simulator_plan`, the one place that reads the device kind."""
+    The device kind's module, a row of :data:`~pipelines.dms.backends.BACKENDS`, opens it."""
     simulator_plan(config, transport)  # the device can use the transport
 
     def load() -> tuple[Path, ModelContract]:
@@ -167,118 +118,8 @@ async def open_device(
     path, contract = await run_in_thread(
         load, awaited="the model's contract", error=ModelTimeout, timeout=config.model_load_timeout
     )
-    match config.device:
-        case DeviceKind.CPU:
-            async with _cpu(config, path, contract, model_cpus) as device:
-                yield device
-        case DeviceKind.SIM if transport is not None:
-            async with _accelerator(config, contract, transport) as device:
-                yield device
-        case DeviceKind.SIM:
-            async with (
-                _simulated(config, path, contract, plan or FaultPlan()) as in_process,
-                _accelerator(config, contract, in_process) as device,
-            ):
-                yield device
-
-
-@contextlib.asynccontextmanager
-async def _cpu(
-    config: ServiceConfig, path: Path, contract: ModelContract, cpus: frozenset[int] | None
-) -> AsyncIterator[Device]:
-    runner = await OnnxRunner.open(
-        path,
-        timeout=config.model_load_timeout,
-        intra_op_threads=config.intra_op_threads,
-        cpus=cpus,
-        contract=contract,  # checked as it was loaded: not run on zeros a second time
-    )
-
-    @contextlib.asynccontextmanager
-    async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
-        for layer in (
-            ReadinessLayer.DEVICE_ONLINE,
-            ReadinessLayer.FIRMWARE_READY,
-            ReadinessLayer.QUEUE_SUBMITTABLE,
-        ):
-            readiness.mark_up(layer)
-        yield CpuBackend(runner)
-
-    try:
-        yield Device("cpu", contract, session, restartable=False)
-    finally:
-        runner.close()
-
-
-@contextlib.asynccontextmanager
-async def _accelerator(
-    config: ServiceConfig, contract: ModelContract, opener: TransportOpener
-) -> AsyncIterator[Device]:
-    session_config = SessionConfig(
-        kernel_timeout=config.gpu_hang_after,
-        fence_timeout=config.fence_timeout,
-        bulk_timeout=config.bulk_timeout,
-    )
-    probe_timeout = config.budget
-
-    @contextlib.asynccontextmanager
-    async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
-        usb: LentTransport | None = None
-        try:
-            with deadline_scope(config.device_open_timeout, name="accelerator open"):
-                usb = await link.take()
-                runner = await AcceleratorRunner.open(
-                    usb,
-                    image_size=MODEL_INPUT_SIZE,
-                    output_size=contract.output_length,
-                    config=session_config,
-                    readiness=readiness,
-                )
-            backend = AcceleratorBackend(runner, kernel_timeout=config.gpu_hang_after)
-            try:
-                yield backend
-            except Exception:
-                # The session failed: a device that no longer answers is not waited for.
-                if await runner.answers(timeout=probe_timeout):
-                    await backend.aclose()
-                else:
-                    await runner.abandon()
-                raise
-            except BaseException:
-                await backend.aclose()
-                raise
-            await backend.aclose()
-        finally:
-            if usb is not None:
-                link.give_back(usb)
-
-    async with AcceleratorLink(opener, probe_timeout=probe_timeout) as link:
-        yield Device("accelerator", contract, session, restartable=True, probe=link.probe)
-
-
-@contextlib.asynccontextmanager
-async def _simulated(
-    config: ServiceConfig, path: Path, contract: ModelContract, plan: FaultPlan
-) -> AsyncIterator[TransportOpener]:
-    """A simulated accelerator in this process: its GPU runs the model as its kernel (on a
-    thread); yields how to reach it."""
-    kernel = await run_in_thread(
-        lambda: OnnxRunner(path, intra_op_threads=config.intra_op_threads, contract=contract),
-        awaited=f"loading model {path.name}",
-        error=ModelTimeout,
-        timeout=config.model_load_timeout,
-    )
-    try:
-        async with simulated_device(
-            kernel.run_blocking,
-            image_size=MODEL_INPUT_SIZE,
-            output_size=contract.output_length,
-            plan=plan,
-        ) as simulated:
-
-            async def in_process() -> UsbTransport:
-                return SimUsbTransport(simulated.bridge)
-
-            yield in_process
-    finally:
-        kernel.close()
+    opener = backend_kind(config.device).load().open_device
+    async with opener(
+        config, path, contract, plan=plan, transport=transport, model_cpus=model_cpus
+    ) as device:
+        yield device

@@ -29,9 +29,11 @@ wrong input shape, dtype, a calibration that is not finite) — raised before an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,8 @@ from aio_runtime import (
     Layer,
     ModelTimeout,
     PendingCall,
+    Readiness,
+    ReadinessLayer,
     RuntimeFault,
     WaitBound,
     WorkerThread,
@@ -52,6 +56,7 @@ from aio_runtime import (
     validate_timeout,
 )
 
+from ..config.settings import ServiceConfig
 from ..model.contract import (
     CALIB,
     CALIB_SHAPE,
@@ -62,13 +67,17 @@ from ..model.contract import (
     read_contract,
 )
 from ..model.limits import ModelContractError
+from .base import Device, Inference, ModelBackend
+from .link import TransportOpener
 
 __all__ = [
+    "CpuBackend",
     "ModelInputError",
     "ModelRunFailed",
     "OnnxRunner",
     "RunSuperseded",
     "RunnerStatistics",
+    "open_device",
 ]
 
 FloatArray = npt.NDArray[np.float32]
@@ -342,3 +351,58 @@ class _Turn:
         if self.call is not None and self.call.withdraw():
             self.superseded = True
             self.scope.cancel()
+
+
+class CpuBackend:
+    """onnxruntime on the CPU: runs follow each other on the runner's thread."""
+
+    runs_back_to_back = True
+
+    def __init__(self, runner: OnnxRunner) -> None:
+        self.runner = runner
+
+    async def infer(self, image: np.ndarray, calib: np.ndarray) -> Inference:
+        start = time.perf_counter()
+        output = await self.runner.run(image, calib, handed_over=True, replace_waiting=True)
+        return Inference(output, time.perf_counter() - start)
+
+    async def aclose(self) -> None:
+        """Nothing: the runner belongs to the device, which closes it."""
+
+
+@contextlib.asynccontextmanager
+async def open_device(
+    config: ServiceConfig,
+    path: Path,
+    contract: ModelContract,
+    *,
+    plan: object = None,
+    transport: TransportOpener | None = None,
+    model_cpus: frozenset[int] | None = None,
+) -> AsyncIterator[Device]:
+    """onnxruntime on the CPU, its runner's thread on ``model_cpus``: a device of one session
+    that is never restarted (a fault is each frame's own). ``plan`` (the simulated accelerator's
+    fault plan) and ``transport`` are the accelerator's: none here (see
+    :func:`~pipelines.dms.backends.base.simulator_plan`)."""
+    runner = await OnnxRunner.open(
+        path,
+        timeout=config.model_load_timeout,
+        intra_op_threads=config.intra_op_threads,
+        cpus=model_cpus,
+        contract=contract,  # checked as it was loaded: not run on zeros a second time
+    )
+
+    @contextlib.asynccontextmanager
+    async def session(readiness: Readiness) -> AsyncIterator[ModelBackend]:
+        for layer in (
+            ReadinessLayer.DEVICE_ONLINE,
+            ReadinessLayer.FIRMWARE_READY,
+            ReadinessLayer.QUEUE_SUBMITTABLE,
+        ):
+            readiness.mark_up(layer)
+        yield CpuBackend(runner)
+
+    try:
+        yield Device("cpu", contract, session, restartable=False)
+    finally:
+        runner.close()

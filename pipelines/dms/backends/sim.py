@@ -1,5 +1,7 @@
-"""A simulated accelerator that can run the DMS model: the simulator's GPU with the model as its
-kernel :data:`~pipelines.dms.backends.accelerator.MODEL_KERNEL`.
+"""The accelerator as a device kind (:func:`open_device`: over the USB transports given, or
+simulated in this process), and the simulated accelerator that can run the DMS model: the
+simulator's GPU with the model as its kernel
+:data:`~pipelines.dms.backends.accelerator.MODEL_KERNEL`.
 
 The kernel reads its inputs from VRAM, runs ``infer`` (onnxruntime) on a worker thread of its own
 — off the event loop, as a real device would run off the host's CPU — and writes the output back
@@ -11,16 +13,32 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import numpy as np
 
-from aio_runtime import Completion, LedgerKind, WorkerThread, current_ledger
+from aio_runtime import (
+    Completion,
+    LedgerKind,
+    ModelTimeout,
+    WorkerThread,
+    current_ledger,
+    run_in_thread,
+)
 from transports.sim import FaultPlan
 from transports.sim.gpu import SimDevice, SimGpu
+from transports.sim.usb import SimUsbTransport
+from transports.usb import UsbTransport
 
-from .accelerator import MODEL_KERNEL
+from ..config.settings import ServiceConfig
+from ..model.contract import ModelContract
+from ..model.warp import MODEL_INPUT_SIZE
+from .accelerator import MODEL_KERNEL, open_accelerator
+from .base import Device
+from .cpu import OnnxRunner
+from .link import TransportOpener
 
-__all__ = ["Infer", "model_kernel", "simulated_device"]
+__all__ = ["Infer", "model_kernel", "open_device", "simulated_device"]
 
 Infer = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``infer(img (1, N) uint8, calib (1, 3) float32) -> output (1, M) float32`` (blocking)."""
@@ -78,3 +96,54 @@ async def simulated_device(
             yield device
     finally:
         worker.close()
+
+
+@contextlib.asynccontextmanager
+async def open_device(
+    config: ServiceConfig,
+    path: Path,
+    contract: ModelContract,
+    *,
+    plan: FaultPlan | None = None,
+    transport: TransportOpener | None = None,
+    model_cpus: frozenset[int] | None = None,
+) -> AsyncIterator[Device]:
+    """The accelerator, over the USB transports ``transport`` opens; without one, simulated in
+    this process, its faults scripted by ``plan``. ``model_cpus`` is the CPU runner's (unused)."""
+    if transport is not None:
+        async with open_accelerator(config, contract, transport) as device:
+            yield device
+        return
+    async with (
+        _in_process(config, path, contract, plan or FaultPlan()) as in_process,
+        open_accelerator(config, contract, in_process) as device,
+    ):
+        yield device
+
+
+@contextlib.asynccontextmanager
+async def _in_process(
+    config: ServiceConfig, path: Path, contract: ModelContract, plan: FaultPlan
+) -> AsyncIterator[TransportOpener]:
+    """A simulated accelerator in this process: its GPU runs the model as its kernel (on a
+    thread); yields how to reach it."""
+    kernel = await run_in_thread(
+        lambda: OnnxRunner(path, intra_op_threads=config.intra_op_threads, contract=contract),
+        awaited=f"loading model {path.name}",
+        error=ModelTimeout,
+        timeout=config.model_load_timeout,
+    )
+    try:
+        async with simulated_device(
+            kernel.run_blocking,
+            image_size=MODEL_INPUT_SIZE,
+            output_size=contract.output_length,
+            plan=plan,
+        ) as simulated:
+
+            async def in_process() -> UsbTransport:
+                return SimUsbTransport(simulated.bridge)
+
+            yield in_process
+    finally:
+        kernel.close()
