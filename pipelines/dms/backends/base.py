@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -111,15 +112,15 @@ async def open_device(
     The device kind's module, a row of :data:`~pipelines.dms.backends.BACKENDS`, opens it."""
     simulator_plan(config, transport)  # the device can use the transport
 
-    def load() -> tuple[Path, ModelContract]:
+    def load() -> tuple[Path, ModelContract, ModuleType]:
         path = config.model if config.model is not None else reference_model_path()
-        return path, load_contract(path)
+        kind = backend_kind(config.device).load()  # its first import, off the event loop too
+        return path, load_contract(path), kind
 
-    path, contract = await run_in_thread(
+    path, contract, kind = await run_in_thread(
         load, awaited="the model's contract", error=ModelTimeout, timeout=config.model_load_timeout
     )
-    opener = backend_kind(config.device).load().open_device
-    async with opener(
+    async with kind.open_device(
         config, path, contract, plan=plan, transport=transport, model_cpus=model_cpus
     ) as device:
         yield device
