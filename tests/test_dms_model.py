@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -807,8 +808,10 @@ class IgnoresTerminate:
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.entered = threading.Event()
 
     def run(self, names, feeds, options):
+        self.entered.set()
         self.release.wait(10.0)
         return [np.zeros((1, 553), dtype=np.float32)]
 
@@ -821,9 +824,22 @@ async def test_a_run_that_will_not_stop_is_in_flight_and_the_next_run_waits_for_
     monkeypatch.setattr(runner, "_session", stuck)
     try:
         with anyio.fail_after(10):
-            with pytest.raises(ModelTimeout) as info:
-                await runner.run(IMAGE, CALIB, timeout=0.02)
-            assert info.value.in_flight is True
+            timed_out: list[ModelTimeout] = []
+
+            async def first() -> None:
+                with pytest.raises(ModelTimeout) as info:
+                    await runner.run(IMAGE, CALIB, timeout=0.02)
+                timed_out.append(info.value)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                # until the run is handed to the runner's thread (no event says so: a field)
+                while runner._waiting is None or runner._waiting.call is None:
+                    await anyio.lowlevel.checkpoint()
+                # The loop held until the run is inside onnxruntime, however slow the host: its
+                # bound then runs out with the run in flight, never before it has started.
+                assert stuck.entered.wait(5.0)
+            assert timed_out[0].in_flight is True
             assert runner.statistics().in_flight
             with pytest.raises(ModelTimeout) as waited:
                 await runner.run(IMAGE, CALIB, timeout=0.03)
