@@ -8,7 +8,9 @@ held while the source's thread works."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
+import types
 
 import anyio
 import numpy as np
@@ -21,11 +23,14 @@ from aio_runtime.testing import threads_busy, virtual_time
 from pipelines.dms.config.settings import ServiceConfig
 from pipelines.dms.frames import segment as segments
 from pipelines.dms.frames.frame import Frame, nv12_layout
-from pipelines.dms.frames.recorded import AHEAD
+from pipelines.dms.frames.recorded import AHEAD, GiveWay
 from pipelines.dms.frames.recording import record_frames
 from pipelines.dms.frames.replay import ReplayCamera
 from pipelines.dms.frames.segment import SegmentCamera
 from pipelines.dms.frames.source import clock_ns
+from pipelines.dms.service._calibration import CalibrationState
+from pipelines.dms.service._job import FrameJob
+from pipelines.dms.service._stages import Model
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -194,3 +199,162 @@ async def test_the_frames_a_recorded_source_skips_are_dropped_at_the_camera_and_
     published = {m.frame_id for m in messages if m.frame_id >= 0}
     assert len(published) + sum(frames.dropped.values()) == 40
     assert not any(m.availability == "unavailable" and m.reason_kind == "camera" for m in messages)
+
+
+# --- a model's run and a recorded source's reads take turns -----------------------------------
+
+
+def test_reads_give_way_while_anything_holds_them():
+    gives_way = GiveWay()
+    assert gives_way.wait(0)
+    with gives_way.held():
+        with gives_way.held():
+            assert not gives_way.wait(0)
+        assert not gives_way.wait(0)  # one hold let go, one still held
+    assert gives_way.wait(0)
+
+
+async def test_a_recorded_source_s_read_waits_while_its_reads_give_way(recording, monkeypatch):
+    """Held, the next read ahead does not start (it waits on the worker thread) until let go;
+    the frames read already are handed on meanwhile."""
+    waiting = threading.Event()
+    wait = GiveWay.wait
+
+    def waits(self, timeout):
+        waiting.set()
+        return wait(self, timeout)
+
+    monkeypatch.setattr(GiveWay, "wait", waits)
+    started: list[tuple[int, bool]] = []  # (record read, whether nothing held the reads)
+    read = ReplayCamera._read_recorded
+
+    def reading(self):
+        started.append((self._next, self.gives_way.wait(0)))
+        return read(self)
+
+    monkeypatch.setattr(ReplayCamera, "_read_recorded", reading)
+    with anyio.fail_after(30):
+        async with ReplayCamera(recording, paced=False) as camera:
+            camera.gives_way = GiveWay()
+            assert (await anext(camera)).frame_id == 0
+            for pending in list(camera._reads):
+                await pending.done.wait()
+            assert camera.ready_ahead == AHEAD
+            with camera.gives_way.held():
+                waiting.clear()
+                assert (await anext(camera)).frame_id == 1  # read before: handed on
+                await anyio.to_thread.run_sync(waiting.wait, 10)  # the next read waits...
+                assert [index for index, _ in started] == [0, 1, 2]  # ...unstarted
+                assert camera.ready_ahead == AHEAD - 1
+            for pending in list(camera._reads):
+                await pending.done.wait()
+            assert camera.ready_ahead == AHEAD
+            frames = [frame.frame_id async for frame in camera]
+    assert frames == list(range(2, 40))
+    assert [index for index, _ in started if index < 40] == list(range(40))
+    assert all(free for _, free in started)
+
+
+async def test_a_read_held_back_waits_at_most_the_staleness_bound(recording):
+    """Reads that give way to work that never lets go still come, each after the bound."""
+    with anyio.fail_after(30):
+        async with ReplayCamera(recording, paced=False) as camera:
+            camera.gives_way, camera.stale_after = GiveWay(), 0.005
+            with camera.gives_way.held():
+                frames = [frame.frame_id async for frame in camera]
+    assert frames == list(range(40))
+
+
+class _Camera:
+    """The camera stage as the model stage sees it: whether its source's reads are behind."""
+
+    def __init__(self, *, behind: bool) -> None:
+        self.gives_way = GiveWay()
+        self.behind = behind
+
+    def reads_behind(self) -> bool:
+        return self.behind
+
+
+class _Policy:
+    def __init__(self, *, overloaded: bool) -> None:
+        self.overloaded = overloaded
+
+    def admits(self, at: float, stale_at: float) -> bool:
+        return True
+
+
+class _Outcomes:
+    def __init__(self) -> None:
+        self.dropped_at: list[str] = []
+
+    def dropped(self, stage: str, job) -> None:
+        self.dropped_at.append(stage)
+
+    def stage_done(self, job, stage: str, seconds: float) -> None:
+        pass
+
+
+class _Backend:
+    runs_back_to_back = True
+
+    def __init__(self, camera: _Camera) -> None:
+        self.camera = camera
+        self.reads_held: list[bool] = []  # per run: whether the camera's reads were held back
+
+    async def infer(self, image, calib):
+        self.reads_held.append(not self.camera.gives_way.wait(0))
+        return np.zeros(1, np.float32), 0.0
+
+
+class _Outbox:
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    async def send(self, job) -> None:
+        self.sent.append(job.number)
+
+
+def _model_step(*, overloaded: bool, behind: bool):
+    camera = _Camera(behind=behind)
+    backend = _Backend(camera)
+    outcomes, outbox = _Outcomes(), _Outbox()
+    model = Model(
+        None,  # type: ignore[arg-type]  # the device: its session is handed to the step
+        CalibrationState(stale_after=1.0),
+        policy=_Policy(overloaded=overloaded),  # type: ignore[arg-type]
+        outcomes=outcomes,  # type: ignore[arg-type]
+        camera=camera,  # type: ignore[arg-type]
+    )
+    layout = nv12_layout(64, 48)
+    frame = Frame(np.zeros(layout.size, np.uint8), 64, 48, layout.stride, frame_id=0,
+                  timestamp_sof=0, timestamp_eof=READOUT_NS)  # fmt: skip
+    start = time.monotonic()
+    job = FrameJob(frame, 0, start, start + 0.05, start + 10.0)
+    job.image = np.zeros((1, 8), np.uint8)
+    session = types.SimpleNamespace(backend=backend)
+    return model, job, session, backend, outcomes, outbox
+
+
+@pytest.mark.parametrize("overloaded", [False, True])
+async def test_a_model_run_holds_a_recorded_source_s_reads_back_while_it_runs(overloaded):
+    model, job, session, backend, outcomes, outbox = _model_step(
+        overloaded=overloaded, behind=False
+    )
+    with anyio.fail_after(30):
+        await model._step(job, session, outbox)
+    assert backend.reads_held == [True] and outbox.sent == [0] and not outcomes.dropped_at
+    assert model.camera.gives_way.wait(0)  # let go after the run
+
+
+@pytest.mark.parametrize("overloaded", [False, True])
+async def test_an_overloaded_service_leaves_a_source_with_no_frame_read_ahead_the_cpu(overloaded):
+    """Overloaded, a frame is not started while the camera's recorded source has read no
+    frame ahead: dropped (overload), its CPU left to the reading. Not overloaded, it is run."""
+    model, job, session, backend, outcomes, outbox = _model_step(overloaded=overloaded, behind=True)
+    with anyio.fail_after(30):
+        await model._step(job, session, outbox)
+    if overloaded:
+        assert outcomes.dropped_at == ["overload"] and not backend.reads_held and not outbox.sent
+    else:
+        assert not outcomes.dropped_at and backend.reads_held == [True] and outbox.sent == [0]

@@ -6,10 +6,12 @@ pays), a frame the source could only deliver stale skipped.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,10 +31,42 @@ from ..config.settings import STALE_AFTER
 from .frame import Frame
 from .source import RecordedTime, SourceBase, clock_ns, wait_until_ns
 
-__all__ = ["AHEAD", "RecordedSource"]
+__all__ = ["AHEAD", "GiveWay", "RecordedSource"]
 
 AHEAD = 2
 """Frames a recorded source reads (decodes) ahead of the one it delivers next."""
+
+
+class GiveWay:
+    """Work that a recorded source's reads give way to. While it is held (from any thread), a
+    read waits on the source's worker thread, before it starts, until nothing holds it — at most
+    the source's staleness bound. On a host without the CPU for both, a frame read already is
+    worth more than the next one read: the service's model holds it while it runs, overloaded
+    (a read already under way is not stopped)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._free = threading.Event()
+        self._free.set()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Reads that have not started wait inside the block."""
+        with self._lock:
+            self._holders += 1
+            self._free.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if not self._holders:
+                    self._free.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Until nothing holds it, at most ``timeout`` seconds: whether nothing does."""
+        return self._free.wait(timeout)
 
 
 @dataclass
@@ -82,6 +116,8 @@ class RecordedSource(SourceBase):
     """It skipped a frame, and has handed none on in time since."""
     read_timeout: float = 2.0
     """Seconds to wait for a frame's read once it is the one asked for."""
+    gives_way: GiveWay | None = None
+    """What its reads give way to (none by default; the service sets its own)."""
     _clock: RecordedTime
     _reads: deque[_Read]
     _ended: bool = False
@@ -147,6 +183,11 @@ class RecordedSource(SourceBase):
             self._handed_at = clock_ns()
             return frame
 
+    @property
+    def ready_ahead(self) -> int:
+        """Frames read and waiting to be handed on, the one due next among them."""
+        return sum(1 for read in self._reads if not read.skip and read.done.done())
+
     def _silent(self, stale_ns: int) -> bool:
         """A source that cannot catch up nor skip ahead has handed on nothing for ``stale_ns``:
         it hands on what it has."""
@@ -204,8 +245,11 @@ class RecordedSource(SourceBase):
         ledger = current_ledger()
         entry = ledger.open(LedgerKind.WORKER_THREAD, awaited)
         took: list[float] = []
+        gives_way, bound = (None if skip else self.gives_way), self.stale_after
 
         def work() -> None:
+            if gives_way is not None:
+                gives_way.wait(bound)
             start = time.perf_counter()
             try:
                 result = context.run(call)

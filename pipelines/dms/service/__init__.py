@@ -268,6 +268,7 @@ class DmsService:
                             policy=policy,
                             outcomes=outcomes,
                             overlap=cfg.mode is Mode.LIVE,
+                            camera=camera,
                         ),
                         Decode(
                             self.device,

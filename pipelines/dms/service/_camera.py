@@ -16,7 +16,7 @@ from aio_runtime import CameraTimeout, get_logger, now, wait_complete
 from ..config.kinds import CameraFile, CameraSpec, Mode, Synthetic
 from ..frames import open_camera
 from ..frames.frame import Frame
-from ..frames.recorded import RecordedSource
+from ..frames.recorded import GiveWay, RecordedSource
 from ..frames.source import closing
 from ._faults import ServiceFaults
 from ._job import UNBUDGETED, FrameJob, JobSlot
@@ -72,6 +72,8 @@ class Camera:
         outcomes: FrameOutcomes,
     ) -> None:
         self.source = source
+        self.gives_way = GiveWay()
+        """What a recorded source's reads give way to (see :meth:`reads_behind`)."""
         self.budget = UNBUDGETED if limits.no_budget else limits.budget
         self.stale_after = UNBUDGETED if limits.no_budget else limits.staleness
         self.frames = limits.frames
@@ -99,6 +101,16 @@ class Camera:
         """How many frames the source holds, where it says (a file, once open)."""
         return getattr(self.source, "length", None)
 
+    def reads_behind(self) -> bool:
+        """A paced recorded source has no frame read ahead of the one it hands on next: its
+        reading (a video's decoding) is what holds the stream back. An overloaded service then
+        leaves it the CPU rather than start a frame; and its reads give way to a model's run
+        (:attr:`gives_way`). On a host that cannot do both for every frame, frames read and
+        worked are worth more than frames read and dropped, and a run that has the CPU to itself
+        ends before its frame is stale."""
+        source = self.source
+        return isinstance(source, RecordedSource) and source.paced and not source.ready_ahead
+
     async def _frames(self, outbox: JobSlot) -> None:
         source = self.source
         if isinstance(source, (Synthetic, CameraFile)):
@@ -116,6 +128,7 @@ class Camera:
             await self._frames_of(source, outbox)
             return
         recorded.stale_after = self.stale_after
+        recorded.gives_way = self.gives_way
         counted = recorded.skipped
 
         def count_skipped() -> None:  # the frames it skipped, having fallen behind: dropped

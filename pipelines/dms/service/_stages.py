@@ -13,6 +13,7 @@ finished (each bounded), not lost.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -164,7 +165,9 @@ class Model:
     past its bound is published stale, unrun. Otherwise one frame at a time (the accelerator): at the
     frame's staleness bound the frame is published stale and the device's run goes on until it ends
     (see :meth:`_device_run`). A run still in progress at its frame's deadline goes on either way,
-    and its output is published late (and valid)."""
+    and its output is published late (and valid). With a recorded source (``camera``), a run
+    holds the source's reads back while it runs, and, live and overloaded, a frame is not started
+    while the source has no frame read ahead (:meth:`Camera.reads_behind`)."""
 
     def __init__(
         self,
@@ -174,8 +177,10 @@ class Model:
         policy: FramePolicy,
         outcomes: FrameOutcomes,
         overlap: bool = True,
+        camera: Camera | None = None,
     ) -> None:
         self.device = device
+        self.camera = camera
         self.calibration = calibration
         self.policy = policy
         self.outcomes = outcomes
@@ -202,14 +207,18 @@ class Model:
 
     async def _step(self, job: FrameJob, session: DeviceSession | None, outbox: JobSlot) -> None:
         at = now()
-        if session is not None and not self.policy.admits(at, job.stale_at):
+        camera = self.camera
+        behind = self.policy.overloaded and camera is not None and camera.reads_behind()
+        if session is not None and (behind or not self.policy.admits(at, job.stale_at)):
             self.outcomes.dropped("overload", job)  # live: it could not finish in time
             return
         if at >= job.stale_at:  # replaying, nothing is dropped: nothing done for it is of use
             self.outcomes.invalid(job, self.policy.stale(at - job.start, at, "run"))
             return
         job.handed = at
-        if await self._infer(job, session):
+        with camera.gives_way.held() if camera is not None else contextlib.nullcontext():
+            worked = await self._infer(job, session)
+        if worked:
             await outbox.send(job)  # decoding and publishing it overlaps the next run
 
     async def _infer(self, job: FrameJob, session: DeviceSession | None) -> bool:
