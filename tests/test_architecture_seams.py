@@ -257,6 +257,16 @@ KIND_TABLES = {
             "link": "the accelerator's USB link: taken, given back, probed",
         },
     ),
+    "pipelines/dms/frames": (
+        "SOURCES",
+        {
+            "frame": "the frame, its geometries and NV12 layout",
+            "source": "the source protocol and its pacing",
+            "recorded": "the shell of the recorded sources: reading ahead, pacing, skipping",
+            "recording": "our recordings' format and writer",
+            "recording_reader": "our recordings' reader",
+        },
+    ),
     "pipelines/cli": (
         "COMMANDS",
         {
@@ -317,6 +327,24 @@ def test_each_sink_kind_that_writes_a_file_checks_it_is_new_unless_appended_to(t
             kind.check_environment(dataclasses.replace(config, **{kind.appended_by: True}))
         with pytest.raises(ValueError, match="no such directory"):
             kind.check_environment(made(**{kind.setting: str(tmp_path / "no" / name)}))
+
+
+def test_each_camera_source_is_a_row_whose_class_reads_the_inputs_it_names(tmp_path):
+    from pipelines.dms.config.kinds import CameraFile, Synthetic
+    from pipelines.dms.frames import SOURCES, InputKind, source_kind
+    from pipelines.dms.frames.source import SourceBase
+
+    inputs = [kind for row in SOURCES for kind in row.inputs]
+    assert sorted(inputs, key=str) == sorted(InputKind, key=str)  # each input read by one row
+    assert source_kind(Synthetic()) is SOURCES[0] and SOURCES[0].live
+    for row in SOURCES:
+        assert issubclass(row.load(), SourceBase), row
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "clip.mp4").write_bytes(b"not a recording")
+    assert source_kind(CameraFile(tmp_path / "dir")).name == "segment"
+    assert source_kind(CameraFile(tmp_path / "clip.mp4")).name == "video"
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        source_kind(CameraFile(tmp_path / "gone.mp4"))
 
 
 def test_each_device_kind_is_a_row_of_the_backends_table_whose_module_opens_it():

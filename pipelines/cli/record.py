@@ -27,7 +27,7 @@ from aio_runtime import configure_logging
 from ..dms.config.kinds import CameraSpec
 from ..dms.config.settings import ServiceConfig
 from ..dms.config.values import writable_file
-from ..dms.frames import open_camera, open_segment
+from ..dms.frames import open_camera, open_first
 from ..dms.frames.frame import Frame
 from ..dms.frames.recording import record_frames
 from ..dms.frames.recording_reader import RecordingReader
@@ -157,7 +157,7 @@ async def _record(
     try:
         with stopping.calling(stop), scope:
             try:
-                source = await open_segment(camera) or open_camera(camera)
+                source = await open_first(camera) or open_camera(camera)
             except (ValueError, OSError) as exc:  # a segment's log, its video; or their bound
                 raise _Refused(str(exc).splitlines()[0]) from exc
             async with closing(source):

@@ -35,7 +35,7 @@ from aio_runtime import ExcInfo, Transition, realtime_threads
 from ..backends.link import TransportOpener
 from ..config.kinds import CameraFile, CameraSpec, Mode
 from ..config.settings import ServiceConfig
-from ..frames import check_camera, open_segment
+from ..frames import check_camera, open_first
 from ..frames.frame import Frame
 from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource
 from ..frames.synthetic import SyntheticCalibration
@@ -124,8 +124,9 @@ class DmsService:
         self._done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._camera: Camera | None = None
-        self._segment: FrameSource | None = None
-        """The route segment of ``config.camera``, opened as the service starts."""
+        self._opened: FrameSource | None = None
+        """The source of ``config.camera``, where its kind opens as the service starts (a route
+        segment)."""
 
     @property
     def summary(self) -> Summary:
@@ -167,7 +168,7 @@ class DmsService:
                     kind.check_environment(cfg)
                 if self._source is None:
                     check_camera(cfg.camera)
-                    self._segment = await open_segment(cfg.camera, paced=cfg.mode is Mode.LIVE)
+                    self._opened = await open_first(cfg.camera, paced=cfg.mode is Mode.LIVE)
             for kind in SINKS:
                 with refused(kind.setting):
                     self.outcomes.add_sinks(open_sinks(kind, cfg, self._rows))
@@ -175,7 +176,7 @@ class DmsService:
         except BaseException:  # the sinks opened so far (say, one before one that failed)
             with anyio.CancelScope(shield=True):  # bounded: each sink drains within its bound
                 await self.outcomes.close_sinks()
-            await self._close_segment()
+            await self._close_opened()
             raise
         zmq = next(
             (
@@ -249,7 +250,7 @@ class DmsService:
                 async with anyio.create_task_group() as services:
                     warpers = await self._start(services, model_cpus)
                     task_status.started()
-                    source = self._source if self._source is not None else self._segment
+                    source = self._source if self._source is not None else self._opened
                     camera = self._camera = Camera(
                         cfg.camera if source is None else source,
                         limits=cfg,
@@ -284,15 +285,15 @@ class DmsService:
                     services.cancel_scope.cancel()
         finally:
             outcomes.drop_in_flight()  # frames in flight when the service stops: counted
-            await self._close_segment()  # closed by the camera stage, unless it never ran
+            await self._close_opened()  # closed by the camera stage, unless it never ran
             self._done.set()
 
-    async def _close_segment(self) -> None:
-        """Close the route segment opened as the service started, if there is one (shielded,
+    async def _close_opened(self) -> None:
+        """Close the source opened as the service started, if there is one (shielded,
         within :data:`~pipelines.dms.frames.source.CLOSE_BOUND`; closing twice is harmless)."""
-        if self._segment is not None:
+        if self._opened is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_BOUND):
-                await self._segment.aclose()
+                await self._opened.aclose()
 
     async def _stop_on_sink_failure(self, frames: anyio.CancelScope) -> None:
         """A sink that fails (or whose reader closed it) ends the service: the summary says
