@@ -347,6 +347,19 @@ def test_each_camera_source_is_a_row_whose_class_reads_the_inputs_it_names(tmp_p
         source_kind(CameraFile(tmp_path / "gone.mp4"))
 
 
+def test_each_calibration_setting_chooses_one_calibration_kind():
+    from pipelines.dms.frames import CALIBRATIONS, calibration_kind
+    from pipelines.dms.frames.synthetic import SyntheticCalibration
+
+    for calib in (None, (0.0, 0.01, -0.02)):
+        assert sum(row.chosen(calib) for row in CALIBRATIONS) == 1, calib
+    static, synthetic = calibration_kind((0.0, 0.01, -0.02)), calibration_kind(None)
+    assert not static.follows and synthetic.follows
+    with pytest.raises(ValueError, match="a value, not a stream"):
+        static.open()
+    assert isinstance(synthetic.open(), SyntheticCalibration)
+
+
 def test_each_device_kind_is_a_row_of_the_backends_table_whose_module_opens_it():
     from pipelines.dms.backends import BACKENDS, backend_kind
     from pipelines.dms.config.kinds import DeviceKind

@@ -9,13 +9,16 @@ the table of the camera sources (:data:`SOURCES`): each row names its kind, the 
 its module (imported only when the kind is used) and the class in it that reads such a camera,
 and the extra it needs, refused in one line where it is missing (:func:`check_camera`).
 :func:`open_camera` and :func:`open_first` open the source a camera setting names. Adding a
-source is one module, one row and, where a new setting names it, one config line.
+source is one module, one row and, where a new setting names it, one config line. The sources of
+the calibration the model runs with are a table too (:data:`CALIBRATIONS`,
+:func:`calibration_kind`).
 """
 
 from __future__ import annotations
 
 import enum
 import importlib
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +27,17 @@ import anyio
 
 from ...extras import VIDEO, Extra
 from ..config.kinds import CameraFile, CameraSpec
+from ..config.text import Calibration
 from ..openpilot.segment_log import VIDEO_NAME
-from .source import CLOSE_BOUND, FrameSource
+from .source import CLOSE_BOUND, CalibrationSample, FrameSource
 
 __all__ = [
+    "CALIBRATIONS",
     "SOURCES",
+    "CalibrationKind",
     "InputKind",
     "SourceKind",
+    "calibration_kind",
     "check_camera",
     "classify",
     "open_camera",
@@ -181,3 +188,47 @@ async def open_first(spec: CameraSpec, *, paced: bool = True) -> FrameSource | N
             await source.aclose()
         raise
     return source
+
+
+# --- calibration ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibrationKind:
+    """A kind of source of the calibration the model runs with, chosen by the ``calib``
+    setting."""
+
+    name: str
+    """What it is called."""
+    chosen: Callable[[Calibration | None], bool]
+    """Whether the ``calib`` setting's value chooses it."""
+    module: str | None = None
+    """The module of its stream, relative to this package (None: it has none to follow — the
+    value is the calibration, and never ages)."""
+    stream: str | None = None
+    """The class in it whose instances are the stream of samples, made with nothing."""
+
+    @property
+    def follows(self) -> bool:
+        """It is a stream of samples to follow (not a value)."""
+        return self.module is not None
+
+    def open(self) -> AsyncIterable[CalibrationSample]:
+        """Its stream, not started (:class:`ValueError` for a kind that has none)."""
+        if self.module is None or self.stream is None:
+            raise ValueError(f"a {self.name} calibration is a value, not a stream")
+        stream = getattr(importlib.import_module(self.module, __name__), self.stream)
+        return stream()  # type: ignore[no-any-return]
+
+
+CALIBRATIONS = (
+    CalibrationKind("static", lambda calib: calib is not None),
+    CalibrationKind("synthetic", lambda calib: calib is None, ".synthetic", "SyntheticCalibration"),
+)
+"""Every kind of calibration source: a static calibration (``--calib R,P,Y``), else the
+synthetic ``liveCalibration`` stream (4 Hz)."""
+
+
+def calibration_kind(calib: Calibration | None) -> CalibrationKind:
+    """The row the ``calib`` setting's value chooses."""
+    return next(row for row in CALIBRATIONS if row.chosen(calib))

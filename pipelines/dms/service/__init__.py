@@ -35,10 +35,9 @@ from aio_runtime import ExcInfo, Transition, realtime_threads
 from ..backends.link import TransportOpener
 from ..config.kinds import CameraFile, CameraSpec, Mode
 from ..config.settings import ServiceConfig
-from ..frames import check_camera, open_first
+from ..frames import calibration_kind, check_camera, open_first
 from ..frames.frame import Frame
 from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource
-from ..frames.synthetic import SyntheticCalibration
 from ..messages import DriverStateV2, readiness_record
 from ..sinks import SINKS, Rows, open_sinks
 from ..sinks.cereal import CerealSocket
@@ -310,8 +309,9 @@ class DmsService:
         if cfg.health_port is not None:
             app = create_app(self.health, self.metrics)
             self.health_port = await serve_health(services, app, cfg.health_host, cfg.health_port)
-        if cfg.calib is None:
-            stream = self._calibration_stream or SyntheticCalibration()
+        calibration = calibration_kind(cfg.calib)
+        if calibration.follows:  # a stream given (embedding) stands in for the kind's own
+            stream = self._calibration_stream or calibration.open()
             services.start_soon(self._calibration.follow, stream)
         await load_model(services, self.device, model_cpus, named=cfg.model is not None)
         services.start_soon(self.outcomes.follow_availability)
