@@ -75,6 +75,7 @@ __all__ = [
     "PARQUET_COLUMNS",
     "ROW_GROUP",
     "ParquetSink",
+    "message_row",
     "open_sinks",
     "parquet_schema",
     "partial_path",
@@ -151,8 +152,9 @@ def partial_path(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.partial")
 
 
-def _row(message: DriverStateV2, recording: str) -> tuple[Any, ...]:
-    """``message``'s values, in :data:`PARQUET_COLUMNS`' order."""
+def message_row(message: DriverStateV2, recording: str) -> tuple[Any, ...]:
+    """``message``'s values, in :data:`PARQUET_COLUMNS`' order (None where a value is null),
+    ``recording`` the first."""
     flat = flatten(message)
     if flat is None:
         driver: list[float | None] = [None] * len(DRIVER_COLUMNS)
@@ -260,7 +262,7 @@ class _ParquetStream:
         import pyarrow as pa
 
         writer = self._opened()
-        columns = zip(*(_row(message, self._recording) for message in messages), strict=True)
+        columns = zip(*(message_row(message, self._recording) for message in messages), strict=True)
         arrays = [
             pa.array(values, type=field.type)
             for values, field in zip(columns, self._schema, strict=True)
