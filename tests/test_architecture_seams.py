@@ -311,7 +311,7 @@ def test_each_sink_kind_that_writes_a_file_checks_it_is_new_unless_appended_to(t
     def made(**settings: object) -> ServiceConfig:
         return ServiceConfig(camera=str(tmp_path / "drive.dmsrec"), mode=Mode.REPLAY, **settings)
 
-    names = {"jsonl": "run.jsonl", "rlog": "rlog.zst", "parquet": "run.parquet"}
+    names = {"jsonl": "run.jsonl", "rlog": "rlog.zst", "parquet": "run.parquet", "csv": "run.csv"}
     writers = [kind for kind in SINKS if kind.writes_file]
     assert {kind.setting for kind in writers} == set(names)
     for kind in writers:

@@ -67,6 +67,7 @@ BAD_OPTIONS: dict[str, list[list[str]]] = {
     "--append": [["=yes"], []],
     "--rlog": [["{missing}/rlog"], ["{dir}"], [""], ["-"], ["{log}"], ["out.txt"], ["rlog.zstd"]],
     "--parquet": [["{missing}/out.parquet"], ["{dir}"], [""], ["-"], ["{garbage}"], ["{log}"]],
+    "--csv": [["{missing}/out.csv"], ["{dir}"], [""], ["-"], ["{garbage}"]],
     "--cereal-zmq": [["10.1.2.3"], ["example.com"], ["="], ["=0.0.0.0"], ["tcp://127.0.0.1:5"]],
     "--run-id": [[""], ["a b"], ["-x"], ["x" * 65], ["id/1"]],
     "--summary-json": [["{missing}/summary.json"], ["{dir}"], [""]],
@@ -126,6 +127,7 @@ BAD_FIELDS: dict[str, list[object]] = {
     "jsonl_append": ["yes", None, True],
     "rlog": ["", "-", "out.txt", Path("rlog.zstd"), Path("."), 5],
     "parquet": ["", "-", Path("."), Path("-"), 5, Path("out.parquet")],  # the last: not a replay
+    "csv": ["", "-", Path("."), Path("-"), 5],
     "cereal_zmq": ["10.1.2.3", "::", "example.com", "", 5],
     "run_id": ["", "a b", 5],
     "mode": ["fast", None],

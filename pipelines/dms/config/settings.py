@@ -201,6 +201,14 @@ class ServiceConfig:
         shown="off",
         commands=("replay",),
     )
+    csv: Path | None = setting(
+        None,
+        "write one row per frame to PATH, a new CSV file: the Parquet columns, as text",
+        parse=values.new_file_path,
+        check=values.optional(values.file_path_value),
+        metavar="PATH",
+        shown="off",
+    )
     cereal_zmq: str | None = setting(
         None,
         "publish openpilot's Events on cereal's ZeroMQ ports on HOST (127.0.0.1 if not given; "

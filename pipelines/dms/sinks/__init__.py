@@ -90,6 +90,7 @@ SINKS = (
     SinkKind(("jsonl", "jsonl_append"), ".jsonl", writes_file=True, appended_by="jsonl_append"),
     SinkKind(("rlog",), ".rlog", writes_file=True),
     SinkKind(("parquet",), ".parquet", writes_file=True),
+    SinkKind(("csv",), ".csv", writes_file=True),
     SinkKind(("cereal_zmq",), ".cereal"),
 )
 """Every kind a setting turns on, in the order the service opens them."""
