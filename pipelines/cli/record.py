@@ -36,6 +36,7 @@ from ..echo import shown_path
 from ..exit_codes import ExitCode, stopped_exit_code
 from ..stopping import Stopping
 from .progress import ProgressDisplay
+from .run import add_log_format
 
 __all__ = ["add_arguments", "main", "single_value_flags"]
 
@@ -60,12 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "record") -> N
         help="the recording to write: a new file, each frame compressed losslessly (zstd) "
         "(required)",
     )
-    parser.add_argument(
-        "--log-format",
-        choices=("console", "json"),
-        default="console",
-        help="how log events are written to standard error (default: console)",
-    )
+    add_log_format(parser)
 
 
 def single_value_flags() -> set[str]:

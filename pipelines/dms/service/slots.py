@@ -44,14 +44,38 @@ class Slot(Protocol[T]):
     def close(self) -> None: ...
 
 
-class LatestSlot(Generic[T]):
-    def __init__(self, name: str, on_drop: Callable[[T], object]) -> None:
+class _OneItem(Generic[T]):
+    """A slot's one waiting item, and a consumer's wait for it."""
+
+    def __init__(self, name: str) -> None:
         self.name = name
-        self._on_drop = on_drop
         self._waiting: list[T] = []
         """The item waiting, if any (at most one)."""
         self._closed = False
         self._wake = anyio.Event()
+
+    async def _next(self) -> T:
+        """The waiting item, or wait for one; :class:`SlotClosed` once closed and empty."""
+        while not self._waiting:
+            if self._closed:
+                raise SlotClosed(f"{self.name}: closed")
+            self._wake = anyio.Event()
+            await self._wake.wait()
+        return self._waiting.pop()
+
+    def close(self) -> None:
+        """No more items; a consumer still gets the one waiting, then :class:`SlotClosed`."""
+        self._closed = True
+        self._wake.set()
+
+
+class LatestSlot(_OneItem[T]):
+    """Latest wins: :meth:`put` never waits, and an item not taken yet is dropped (``on_drop``)
+    in favour of a newer one."""
+
+    def __init__(self, name: str, on_drop: Callable[[T], object]) -> None:
+        super().__init__(name)
+        self._on_drop = on_drop
 
     def put(self, item: T) -> None:
         """Offer ``item``; one already waiting is dropped (``on_drop``) in its favour."""
@@ -68,30 +92,17 @@ class LatestSlot(Generic[T]):
 
     async def get(self) -> T:
         """The waiting item, or wait for one; :class:`SlotClosed` once closed and empty."""
-        while not self._waiting:
-            if self._closed:
-                raise SlotClosed(f"{self.name}: closed")
-            self._wake = anyio.Event()
-            await self._wake.wait()
-        return self._waiting.pop()
-
-    def close(self) -> None:
-        """No more items; a consumer still gets the one waiting, then :class:`SlotClosed`."""
-        self._closed = True
-        self._wake.set()
+        return await self._next()
 
 
-class HandoffSlot(Generic[T]):
+class HandoffSlot(_OneItem[T]):
     """One item at a time, handed from hand to hand: :meth:`send` returns once the consumer has
     taken the item (``on_taken`` is called with it at that moment), so nothing is dropped and
     the producer goes at the consumer's pace."""
 
     def __init__(self, name: str, on_taken: Callable[[T], object] | None = None) -> None:
-        self.name = name
+        super().__init__(name)
         self._on_taken = on_taken
-        self._waiting: list[T] = []
-        self._closed = False
-        self._wake = anyio.Event()
         self._taken = anyio.Event()
 
     async def send(self, item: T) -> None:
@@ -111,21 +122,11 @@ class HandoffSlot(Generic[T]):
 
     async def get(self) -> T:
         """The item handed on, or wait for one; :class:`SlotClosed` once closed and empty."""
-        while not self._waiting:
-            if self._closed:
-                raise SlotClosed(f"{self.name}: closed")
-            self._wake = anyio.Event()
-            await self._wake.wait()
-        item = self._waiting.pop()
+        item = await self._next()
         if self._on_taken is not None:
             self._on_taken(item)
         self._taken.set()
         return item
-
-    def close(self) -> None:
-        """No more items (the producer is done): the consumer then gets :class:`SlotClosed`."""
-        self._closed = True
-        self._wake.set()
 
 
 @dataclass
