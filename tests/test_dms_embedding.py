@@ -77,9 +77,16 @@ def test_importing_the_package_loads_none_of_the_service():
 
 
 def test_the_bound_endpoints_are_frozen_and_printed_one_line_each():
-    bound = BoundEndpoints("127.0.0.1", 40123, "tcp://127.0.0.1:40124")
+    cereal = ("cereal driverStateV2", "tcp://127.0.0.1:40125")
+    bound = BoundEndpoints("127.0.0.1", 40123, (("zmq", "tcp://127.0.0.1:40124"), cereal))
     assert bound.health_url == "http://127.0.0.1:40123/"
-    assert bound.lines() == ["health: http://127.0.0.1:40123/", "zmq: tcp://127.0.0.1:40124"]
+    assert bound.zmq == "tcp://127.0.0.1:40124"
+    assert bound.cereal == (("driverStateV2", "tcp://127.0.0.1:40125"),)
+    assert bound.lines() == [
+        "health: http://127.0.0.1:40123/",
+        "zmq: tcp://127.0.0.1:40124",
+        "cereal driverStateV2: tcp://127.0.0.1:40125",
+    ]
     assert BoundEndpoints("::1", 9032).health_url == "http://[::1]:9032/"
     assert BoundEndpoints().lines() == [] and BoundEndpoints().health_url is None
     with pytest.raises(dataclasses.FrozenInstanceError):

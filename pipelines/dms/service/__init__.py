@@ -40,9 +40,7 @@ from ..frames.frame import Frame
 from ..frames.source import CLOSE_BOUND, CalibrationSample, FrameSource
 from ..messages import DriverStateV2, readiness_record
 from ..sinks import SINKS, Rows, open_sinks
-from ..sinks.cereal import CerealSocket
 from ..sinks.parquet import ROW_GROUP
-from ..sinks.zmq import ZmqSink
 from ._calibration import CalibrationState
 from ._camera import Camera
 from ._device import ModelDevice
@@ -177,22 +175,12 @@ class DmsService:
                 await self.outcomes.close_sinks()
             await self._close_opened()
             raise
-        zmq = next(
-            (
-                sink.address
-                for sink in self.outcomes.sinks
-                if isinstance(sink, ZmqSink) and not isinstance(sink, CerealSocket)
-            ),
-            None,
-        )
-        cereal = tuple(
-            (sink.service, sink.address)
-            for sink in self.outcomes.sinks
-            if isinstance(sink, CerealSocket)
-        )
         health = cfg.health_host if self.health_port is not None else None
+        listening = (sink.endpoint() for sink in self.outcomes.sinks)
         self._bound = BoundEndpoints(
-            health_host=health, health_port=self.health_port, zmq=zmq, cereal=cereal
+            health_host=health,
+            health_port=self.health_port,
+            sinks=tuple(where for where in listening if where is not None),
         )
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:

@@ -61,16 +61,15 @@ class StartupError(Exception):
 @dataclass(frozen=True)
 class BoundEndpoints:
     """Where a started service listens, as bound (the port chosen where port 0 was asked for);
-    None for an endpoint that is off."""
+    None, or nothing, for an endpoint that is off."""
 
     health_host: str | None = None
     """The address of the health and metrics endpoints."""
     health_port: int | None = None
-    zmq: str | None = None
-    """The ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:9031``."""
-    cereal: tuple[tuple[str, str], ...] = ()
-    """The cereal sockets as (service, endpoint), e.g. ``("driverStateV2",
-    "tcp://127.0.0.1:45495")``; empty when off."""
+    sinks: tuple[tuple[str, str], ...] = ()
+    """Each sink that listens, as it says (:meth:`~pipelines.dms.sinks.base.Sink.endpoint`): what
+    it is and its address, e.g. ``("zmq", "tcp://127.0.0.1:9031")``, ``("cereal driverStateV2",
+    "tcp://127.0.0.1:45495")``."""
 
     @property
     def health_url(self) -> str | None:
@@ -81,11 +80,24 @@ class BoundEndpoints:
         host = f"[{self.health_host}]" if ":" in self.health_host else self.health_host
         return f"http://{host}:{self.health_port}/"
 
+    @property
+    def zmq(self) -> str | None:
+        """The ZeroMQ endpoint (``--zmq``), e.g. ``tcp://127.0.0.1:9031``."""
+        return next((where for what, where in self.sinks if what == "zmq"), None)
+
+    @property
+    def cereal(self) -> tuple[tuple[str, str], ...]:
+        """The cereal sockets (``--cereal-zmq``) as (service, endpoint); empty when off."""
+        return tuple(
+            (what.removeprefix("cereal "), where)
+            for what, where in self.sinks
+            if what.startswith("cereal ")
+        )
+
     def lines(self) -> list[str]:
         """One line per endpoint that is on: ``health: http://...``, ``zmq: tcp://...``,
         ``cereal driverStateV2: tcp://...``."""
-        found = [("health", self.health_url), ("zmq", self.zmq)]
-        found += [(f"cereal {service}", where) for service, where in self.cereal]
+        found = [("health", self.health_url), *self.sinks]
         return [f"{name}: {where}" for name, where in found if where is not None]
 
 

@@ -127,6 +127,10 @@ class Sink(Protocol):
 
     def stats(self) -> SinkStats: ...
 
+    def endpoint(self) -> tuple[str, str] | None:
+        """Where it listens, as bound, if it does: (what it is, its address), e.g. ``("zmq",
+        "tcp://127.0.0.1:9031")``."""
+
     def close(self, timeout: float = DRAIN_TIMEOUT) -> SinkStats:
         """Deliver what is held for at most ``timeout`` s (blocking), count the rest dropped."""
 
@@ -232,6 +236,9 @@ class CountingSink:
 
     def failure(self) -> SinkError | None:
         return self._failure
+
+    def endpoint(self) -> tuple[str, str] | None:
+        return None
 
     async def wait_failure(self) -> SinkError | None:
         await self._changes.until(

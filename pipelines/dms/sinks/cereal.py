@@ -94,6 +94,9 @@ class CerealSocket(ZmqSink):
             name=f"cereal {service} {address}",
         )
 
+    def endpoint(self) -> tuple[str, str]:
+        return (f"cereal {self.service}", self.address)
+
     def _frames(self, message: DriverStateV2) -> list[bytes] | None:
         for member, event in events_of(message):
             if member == self.service:

@@ -202,6 +202,9 @@ class Subscriptions:
             with anyio.move_on_at(min(waiting) + self._stall_limit):
                 await self._progress.wait()
 
+    def endpoint(self) -> tuple[str, str] | None:
+        return None  # in this process: it listens nowhere
+
     def failure(self) -> SinkError | None:
         return None  # in-process delivery cannot fail
 

@@ -129,6 +129,9 @@ class ZmqSink(CountingSink):
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         """The bound endpoint (with the port chosen, if ``:0`` was asked for)."""
 
+    def endpoint(self) -> tuple[str, str]:
+        return ("zmq", self.address)
+
     @property
     def subscribers(self) -> int:
         """Live connections (``tcp://``, ``ipc://``): the admitted ones, and those still in
