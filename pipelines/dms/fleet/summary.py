@@ -23,6 +23,7 @@ import numpy as np
 
 __all__ = [
     "FleetSummary",
+    "FrameTotals",
     "Percentiles",
     "RecordingStatus",
     "RecordingSummary",
@@ -44,15 +45,9 @@ class Percentiles(TypedDict):
     max: float | None
 
 
-class RecordingSummary(TypedDict):
-    recording: str
-    path: str
-    model: str
-    """``model`` or ``baseline`` (the ``--baseline-model`` run's)."""
-    status: RecordingStatus
-    reason: str | None
-    """Why it failed or was interrupted; null when complete."""
-    attempts: int
+class FrameTotals(TypedDict):
+    """What a recording's summary and the fleet's both total over their frames."""
+
     frames: int
     valid: int
     validShare: float | None
@@ -62,6 +57,17 @@ class RecordingSummary(TypedDict):
     degradedSeconds: dict[str, float]
     modelExecutionMs: Percentiles
     frameAgeMs: Percentiles
+
+
+class RecordingSummary(FrameTotals):
+    recording: str
+    path: str
+    model: str
+    """``model`` or ``baseline`` (the ``--baseline-model`` run's)."""
+    status: RecordingStatus
+    reason: str | None
+    """Why it failed or was interrupted; null when complete."""
+    attempts: int
     replaySeconds: float | None
     """Wall-clock seconds of the replay that completed it (null: resumed, or not complete)."""
     startSeconds: float | None
@@ -73,7 +79,7 @@ class RecordingSummary(TypedDict):
     """``NODE_ID:PID`` of the worker that replayed it."""
 
 
-class FleetSummary(TypedDict):
+class FleetSummary(FrameTotals):
     recordings: int
     complete: int
     failed: int
@@ -82,14 +88,6 @@ class FleetSummary(TypedDict):
     """Complete ones skipped because an earlier run had replayed them."""
     failures: dict[str, str]
     """Each recording not complete, and why."""
-    frames: int
-    valid: int
-    validShare: float | None
-    recordedSeconds: float
-    unavailableSeconds: dict[str, float]
-    degradedSeconds: dict[str, float]
-    modelExecutionMs: Percentiles
-    frameAgeMs: Percentiles
     framesPerSecond: float | None
     """Frames replayed by this run (of every model) over the seconds from its first recording
     handed out to its last row written."""
