@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from aio_runtime import Availability
 
-__all__ = ["FleetData", "RecordingSummary", "fleet_data", "read_fleet"]
+__all__ = ["FleetData", "RecordingShare", "fleet_data", "read_fleet"]
 
 _COLUMNS = (
     "recording",
@@ -40,7 +40,10 @@ _AWAY = (Availability.DEGRADED, Availability.UNAVAILABLE)
 
 
 @dataclass(frozen=True)
-class RecordingSummary:
+class RecordingShare:
+    """A recording's frames as the fleet report draws them: how many, how many valid, and the
+    time they cover."""
+
     recording: str
     frames: int
     valid: int
@@ -56,7 +59,7 @@ class RecordingSummary:
 class FleetData:
     """Everything a fleet report draws of a run's frames."""
 
-    recordings: tuple[RecordingSummary, ...]
+    recordings: tuple[RecordingShare, ...]
     """The lowest valid share first (then by name)."""
     away: Mapping[Availability, Mapping[str, float]]
     """Seconds DEGRADED and UNAVAILABLE, by the reason's kind (most first)."""
@@ -127,7 +130,7 @@ def fleet_data(table: Any) -> FleetData:
     seconds_per = np.bincount(codes, weights=seconds, minlength=count)
     recordings = sorted(
         (
-            RecordingSummary(name, int(frames[i]), int(valid_per[i]), float(seconds_per[i]))
+            RecordingShare(name, int(frames[i]), int(valid_per[i]), float(seconds_per[i]))
             for i, name in enumerate(names)
         ),
         key=lambda r: (r.valid_share, r.recording),
