@@ -74,6 +74,7 @@ DMS = Extra(
         "pipelines.cli.run",
         "pipelines.dms.model.contract",
         "pipelines.dms.model.reference",
+        "pipelines.dms.sinks.zmq",  # the ZeroMQ kinds, opened only when a setting asks for one
         "hypercorn.config",  # imported by the health server as it starts
     ),
 )
