@@ -222,7 +222,9 @@ KILLED_WRITER = textwrap.dedent(
     from dms_messages import message
     from pipelines.dms.sinks.rlog import RlogSink
 
-    sink = RlogSink(sys.argv[1])
+    # A backlog the 30 s of publishing cannot fill: a writer thread slow to start on a busy host
+    # drops nothing, so what reads back is a prefix of what was published
+    sink = RlogSink(sys.argv[1], backlog=100_000)
     seq = 0
     ready = False
     deadline = time.monotonic() + 30
@@ -230,7 +232,8 @@ KILLED_WRITER = textwrap.dedent(
         sink.publish(dataclasses.replace(message(seq), log_mono_time=seq))
         seq += 1
         if not ready and sink.stats().delivered >= 100:
-            print("ready", flush=True)  # killed from here on, mid-publishing
+            # killed from here on, mid-publishing
+            print("ready" if sink.stats().dropped == 0 else "dropped", flush=True)
             ready = True
         time.sleep(0.0005)
     """
