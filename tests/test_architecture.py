@@ -248,17 +248,18 @@ def test_the_cycle_check_sees_a_cycle_through_a_package_init():
 # is imported by none of them; the commands (pipelines.cli) stand above the package.
 DMS = "pipelines.dms"
 DMS_RANKS = {
-    "messages": 0,  # the published message
-    "summary": 0,  # a run's summary document
-    "openpilot": 1,  # openpilot's formats: cereal Events, logs, segments' logs
-    "config": 2,  # every setting, declared once
-    "frames": 3,  # frames and their sources
-    "model": 3,  # what the model takes and gives
-    "sinks": 3,  # where messages go
-    "backends": 4,  # where the model runs
-    "service": 5,  # the chain
-    "fleet": 6,  # replays of many recordings
-    "report": 7,  # pictures of runs and fleets
+    "files": 0,  # files written whole
+    "messages": 1,  # the published message
+    "summary": 1,  # a run's summary document
+    "openpilot": 2,  # openpilot's formats: cereal Events, logs, segments' logs
+    "config": 3,  # every setting, declared once
+    "frames": 4,  # frames and their sources
+    "model": 4,  # what the model takes and gives
+    "sinks": 4,  # where messages go
+    "backends": 5,  # where the model runs
+    "service": 6,  # the chain
+    "fleet": 7,  # replays of many recordings
+    "report": 8,  # pictures of runs and fleets
 }
 MAX_DMS_TOP = 6
 """Modules at the top of the DMS package, its __init__ included."""

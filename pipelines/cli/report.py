@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..dms.report._analysis import RunData, analyse
-from ..dms.report._page import page
+from ..dms.report._page import page, write_pictures
 from ..dms.report._reading import Reading, ReportInputError, read_messages, split_runs
 from ..exit_codes import ExitCode
 
@@ -140,16 +140,12 @@ def write_report(
     """Draw ``data``'s pictures and write them (``NAME.png``) and ``index.html`` into
     ``directory`` (made if missing); the files written, the page last. :class:`OSError` if a
     file cannot be written."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, figure in draw(data).items():
-        path = directory / f"{name}.png"
-        figure.savefig(path, dpi=100)
-        written.append(path)
-    index = directory / "index.html"
-    images = [(path.name, CAPTIONS[path.stem]) for path in written]
-    index.write_text(page(data, images, source=source, notes=notes or ()), encoding="utf-8")
-    return [*written, index]
+    return write_pictures(
+        directory,
+        draw(data),
+        CAPTIONS,
+        lambda images: page(data, images, source=source, notes=notes or ()),
+    )
 
 
 def _notes(reading: Reading, runs: int, chosen: int) -> list[str]:

@@ -9,15 +9,14 @@ summary; a module whose import a signal interrupted cannot safely be imported ag
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, TypedDict
+
+from .files import replace_whole
 
 __all__ = [
     "AVAILABILITY_STATES",
@@ -205,18 +204,8 @@ def write_summary_json(path: str | os.PathLike[str], record: RunSummaryRecord) -
 def write_json_document(path: str | os.PathLike[str], document: object) -> None:
     """Write ``document`` to ``path`` as JSON, indented, NaN-free: to a file beside it, then
     renamed over it (a reader never sees half of one); :class:`OSError` if it cannot be."""
-    target = Path(path)
     text = json.dumps(document, indent=2, allow_nan=False) + "\n"
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    replace_whole(path, lambda target: target.write_text(text, encoding="utf-8"))
 
 
 def format_record(record: RunSummaryRecord) -> str:

@@ -10,16 +10,14 @@ number is null in the files (an undefined one, or an infinite |d|: see :mod:`.co
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import replace_whole
 from ..openpilot.policy import DECISIONS
 
 __all__ = [
@@ -308,21 +306,6 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _replace_whole(path: Path, write: Callable[[Path], None]) -> None:
-    """``write`` a file beside ``path``, then rename it to ``path``: a reader sees the old file
-    or the new one, whole, never part of one."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(temporary))
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 def _arrow_table(rows: list[dict[str, Any]], types: tuple[tuple[str, str], ...]) -> Any:
     import pyarrow as pa
 
@@ -354,13 +337,9 @@ def write_comparison(comparison: FleetComparison, out: Path) -> None:
         def parquet(target: Path, table: Any = table) -> None:
             pq.write_table(table, target)
 
-        _replace_whole(path, parquet)
+        replace_whole(path, parquet)
     text = json.dumps(record, indent=1, allow_nan=False) + "\n"
-
-    def json_document(target: Path) -> None:
-        target.write_text(text, encoding="utf-8")
-
-    _replace_whole(document, json_document)
+    replace_whole(document, lambda target: target.write_text(text, encoding="utf-8"))
 
 
 def read_comparison(directory: Path) -> FleetComparison:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -42,6 +41,7 @@ import onnx
 from numpy.random import default_rng  # imported with the module, not by the first build
 from onnx import TensorProto, helper, numpy_helper
 
+from ..files import replace_whole
 from .contract import CALIB, CALIB_SHAPE, INPUT_IMG, INPUT_IMG_SHAPE, MODEL_FRAME
 from .decode import PROBABILITY_HEADS, SIDES, WHEEL_ON_RIGHT_HEAD, face_descs_head
 from .metadata import encode_output_slices
@@ -306,17 +306,10 @@ def build_stalling_model(matmuls: int = 400, size: int = 512) -> onnx.ModelProto
 
 
 def _write_bytes(data: bytes, path: Path) -> Path:
-    """Write ``data`` to ``path`` atomically (a reader never sees half a file)."""
+    """Write ``data`` to ``path`` whole (a reader never sees half a file), its folder made if
+    missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_whole(path, lambda target: target.write_bytes(data))
 
 
 def write_model(model: onnx.ModelProto, path: str | Path) -> Path:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._analysis import STATES, Episode, RunData
 
-__all__ = ["page"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["page", "write_pictures"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1120px; color: #222; }
@@ -148,3 +153,23 @@ def page(
     ]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def write_pictures(
+    directory: Path,
+    figures: Mapping[str, Figure],
+    captions: Mapping[str, str],
+    html: Callable[[list[tuple[str, str]]], str],
+) -> list[Path]:
+    """Write ``figures`` (``NAME.png``) and ``index.html`` into ``directory`` (made if missing),
+    the page made by ``html`` from each picture's file name and caption: the files written,
+    the page last. :class:`OSError` if a file cannot be written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, figure in figures.items():
+        path = directory / f"{name}.png"
+        figure.savefig(path, dpi=100)
+        written.append(path)
+    index = directory / "index.html"
+    index.write_text(html([(path.name, captions[path.stem]) for path in written]), encoding="utf-8")
+    return [*written, index]

@@ -19,6 +19,7 @@ from ..fleet.compare import COMPARISON_FILES, FleetComparison, read_comparison
 from ..fleet.run_frames import is_run_directory
 from ._fleet_data import FleetData, read_fleet
 from ._fleet_page import fleet_page
+from ._page import write_pictures
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -89,14 +90,11 @@ def write_fleet_report(
     """Draw the pictures and write them (``NAME.png``) and ``index.html`` into ``directory``
     (made if missing); the files written, the page last. :class:`OSError` if a file cannot
     be written."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, figure in draw_fleet(inputs).items():
-        path = directory / f"{name}.png"
-        figure.savefig(path, dpi=100)
-        written.append(path)
-    images = [(path.name, FLEET_CAPTIONS[path.stem]) for path in written]
-    index = directory / "index.html"
-    html = fleet_page(inputs.fleet, inputs.comparison, images, source=source, notes=notes)
-    index.write_text(html, encoding="utf-8")
-    return [*written, index]
+    return write_pictures(
+        directory,
+        draw_fleet(inputs),
+        FLEET_CAPTIONS,
+        lambda images: fleet_page(
+            inputs.fleet, inputs.comparison, images, source=source, notes=notes
+        ),
+    )
